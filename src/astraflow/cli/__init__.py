@@ -1,0 +1,1 @@
+"""The ``astraflow`` console script: one subcommand per component (heavy imports are lazy)."""

@@ -1,0 +1,138 @@
+"""Config plumbing shared by every component: the base model, YAML loading, ``--set`` overrides.
+
+Each component owns its config model (``dataflow/config.py``, ...); ``launch`` composes them into
+the run config. All are ``ConfigModel``s: unknown keys are rejected with the allowed ones
+listed, values are immutable, and each field's docstring is its ``--help`` text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from astraflow.errors import ConfigError
+
+__all__ = ["ConfigModel", "apply_overrides", "dump_config", "load_config", "read_yaml"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigModel(BaseModel):
+    """Base of every config: strict keys, frozen, field docstrings as descriptions."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with errors that name the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``dotted.key=value`` overrides (values parsed as YAML scalars) to a copy."""
+    out: dict[str, Any] = json.loads(json.dumps(data, default=str))
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set expects dotted.key=value, got {item!r}")
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {item!r}: value is not valid YAML: {exc}") from exc
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is not a mapping")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(
+    cls: type[M],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    base: Mapping[str, Any] | None = None,
+) -> M:
+    """Build ``cls`` from an optional YAML file, a base mapping and ``--set`` overrides."""
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        data.update(read_yaml(path))
+    data = apply_overrides(data, overrides)
+    return validate(cls, data, source=str(path) if path else cls.__name__)
+
+
+def validate(cls: type[M], data: Mapping[str, Any], *, source: str) -> M:
+    """Validate a mapping as ``cls``; every problem is listed with its dotted key."""
+    try:
+        return cls.model_validate(dict(data))
+    except pydantic.ValidationError as exc:
+        raise ConfigError(f"{source}: " + "; ".join(describe(exc, cls))) from exc
+
+
+def describe(exc: pydantic.ValidationError, root: type[BaseModel]) -> list[str]:
+    """One line per pydantic error, naming the dotted key; unknown keys list the allowed ones."""
+    lines = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(root, err["loc"][:-1])
+            hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
+            lines.append(f"unknown key {loc!r}{hint}")
+        else:
+            lines.append(f"{loc}: {str(err['msg']).removeprefix('Value error, ')}")
+    return lines
+
+
+def _allowed_keys(root: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
+    model: Any = root
+    for part in loc:
+        if isinstance(part, int) or not (isinstance(model, type) and issubclass(model, BaseModel)):
+            # inside a list or dict: keep the model of the items if there is one
+            continue
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return []
+        model = _model_of(field.annotation)
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return []
+
+
+def _model_of(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def dump_config(config: BaseModel, path: str | Path) -> Path:
+    """Write the resolved config as JSON (secrets stay masked), atomically."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(config.model_dump_json(indent=2) + "\n")
+    tmp.replace(p)
+    return p

@@ -1,0 +1,174 @@
+"""The one error tree of astraflow.
+
+Every error is also a stdlib kind (``ValueError``, ``LookupError``, ...) so callers that do not
+know astraflow can still catch it, and carries a stable ``code`` that travels on the wire:
+a service answers ``{"error": {"code", "message", "field"}}`` and a client raises the class
+registered for that code (:func:`error_from_wire`). HTTP status per class lives in one table,
+in the transport layer (``dataflow/app.py``), not here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "AstraflowError",
+    "AuthError",
+    "ChecksumError",
+    "ConfigError",
+    "ConflictError",
+    "ForbiddenError",
+    "LeaseLostError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PluginError",
+    "RewardError",
+    "SandboxError",
+    "ServiceUnavailableError",
+    "StaleWeightsError",
+    "TransferError",
+    "TransferTimeoutError",
+    "ValidationError",
+    "WorkflowError",
+    "error_from_wire",
+]
+
+
+class AstraflowError(Exception):
+    """Base of every astraflow error: a message, a stable code, and the field or id at fault."""
+
+    code: ClassVar[str] = "internal"
+    _by_code: ClassVar[dict[str, type[AstraflowError]]] = {}
+
+    def __init__(self, message: str, *, field: str | None = None, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.context = context
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "code" in cls.__dict__:
+            AstraflowError._by_code.setdefault(cls.code, cls)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_wire(self) -> dict[str, Any]:
+        """Encode as the JSON error body every service answers with."""
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            body["field"] = self.field
+        return {"error": body}
+
+
+class ConfigError(AstraflowError, ValueError):
+    """A configuration file, key or value is wrong; the message names it."""
+
+    code = "config"
+
+
+class PluginError(ConfigError):
+    """A plug-in spec names an unknown plug-in, a bad import path, or wrong arguments."""
+
+    code = "plugin"
+
+
+class ValidationError(AstraflowError, ValueError):
+    """Input on a wire edge is malformed; ``field`` names the offending field."""
+
+    code = "invalid"
+
+
+class PayloadTooLargeError(ValidationError):
+    """A request body is bigger than the service accepts."""
+
+    code = "too_large"
+
+
+class NotFoundError(AstraflowError, LookupError):
+    """A policy, batch, task, version or file does not exist."""
+
+    code = "not_found"
+
+
+class ConflictError(AstraflowError, ValueError):
+    """A request contradicts stored state (e.g. announcing an older version)."""
+
+    code = "conflict"
+
+
+class LeaseLostError(ConflictError):
+    """The lease this request relies on expired or was handed to another node."""
+
+    code = "lease_lost"
+
+
+class StaleWeightsError(ConflictError):
+    """A node's weights are too old for the work it asks for; it must refresh first."""
+
+    code = "stale_weights"
+
+
+class AuthError(AstraflowError, PermissionError):
+    """No valid bearer token was presented (HTTP 401)."""
+
+    code = "unauthorized"
+
+
+class ForbiddenError(AuthError):
+    """The token is valid but its role may not call this endpoint (HTTP 403)."""
+
+    code = "forbidden"
+
+
+class ServiceUnavailableError(AstraflowError, ConnectionError):
+    """A service could not be reached or answered 5xx after all retries."""
+
+    code = "unavailable"
+
+
+class TransferError(AstraflowError, ConnectionError):
+    """A weight pull failed; the message names the source, the version and the file."""
+
+    code = "transfer"
+
+
+class TransferTimeoutError(TransferError, TimeoutError):
+    """A weight pull made no progress within its bound."""
+
+    code = "transfer_timeout"
+
+
+class ChecksumError(AstraflowError, ValueError):
+    """Data failed checksum verification (corrupt or truncated); it is never applied."""
+
+    code = "checksum"
+
+
+class WorkflowError(AstraflowError, RuntimeError):
+    """A workflow raised, timed out, or returned invalid samples for a task."""
+
+    code = "workflow"
+
+
+class RewardError(WorkflowError):
+    """A reward function failed (crashed, timed out) for a task."""
+
+    code = "reward"
+
+
+class SandboxError(AstraflowError, RuntimeError):
+    """Running untrusted code failed for a reason other than the code's own failure."""
+
+    code = "sandbox"
+
+
+def error_from_wire(body: Any, *, default_message: str) -> AstraflowError:
+    """Rebuild the error a service sent as ``{"error": {...}}``; unknown codes give the base."""
+    err = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(err, dict):
+        return AstraflowError(default_message)
+    cls = AstraflowError._by_code.get(str(err.get("code", "")), AstraflowError)
+    field = err.get("field")
+    return cls(str(err.get("message", default_message)), field=field if field else None)

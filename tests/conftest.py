@@ -1,0 +1,3 @@
+"""Shared pytest set-up: fixture modules per component live in tests/fixtures/."""
+
+pytest_plugins = ["fixtures.models", "fixtures.net"]

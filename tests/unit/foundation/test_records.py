@@ -1,0 +1,129 @@
+"""The shared wire records: validation at construction and the msgpack codec."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from astraflow.errors import ValidationError
+from astraflow.records import (
+    Batch,
+    LeaseRequest,
+    Sample,
+    SubmitRequest,
+    TakeBatchRequest,
+    pack,
+    parse,
+    unpack,
+    wire_schemas,
+)
+
+
+def make_sample(n: int = 12, prompt: int = 4, version: int = 3, **kw: Any) -> Sample:
+    mask = np.r_[np.zeros(prompt), np.ones(n - prompt)]
+    fields: dict[str, Any] = {
+        "policy": "solver",
+        "task_id": "t-1",
+        "group_id": "t-1",
+        "token_ids": np.arange(n) % 7,
+        "loss_mask": mask,
+        "logprobs": -np.linspace(0.1, 2.0, n) * mask,
+        "versions": np.where(mask > 0, version, -1),
+        "reward": 1.0,
+        "meta": {"turns": 1},
+    }
+    fields.update(kw)
+    return Sample(**fields)
+
+
+def test_msgpack_round_trip_is_exact_and_compact() -> None:
+    req = SubmitRequest(node_id="n1", task_id="t-1", attempt=2, samples=[make_sample()] * 3)
+    data = pack(req)
+    back = unpack(SubmitRequest, data)
+    assert back == req
+    assert back.samples[0].token_ids.dtype == np.int32
+    assert back.samples[0].logprobs.dtype == np.float32
+    # arrays travel as packed bytes, not lists: 12 tokens * (4+1+4+4) bytes per sample
+    assert len(data) < 3 * (12 * 13 + 200)
+
+
+def test_json_form_uses_lists() -> None:
+    s = make_sample()
+    body = json.loads(s.model_dump_json())
+    assert body["token_ids"] == list(range(7)) + list(range(5))
+    assert parse(Sample, body) == s
+
+
+def test_derived_fields() -> None:
+    s = make_sample(versions=np.r_[[-1] * 4, [5, 5, 4, 6, 6, 6, 6, 6]])
+    assert s.num_tokens == 12
+    assert s.num_generated == 8
+    assert s.behaviour_version == 4
+    assert s.staleness(7) == 3
+    assert s.staleness(2) == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"reward": float("nan")}, "reward"),
+        ({"reward": float("inf")}, "reward"),
+        ({"logprobs": [0.0] * 3}, "logprobs"),
+        ({"logprobs": [float("nan")] * 12}, "logprobs"),
+        ({"loss_mask": [2] * 12}, "loss_mask"),
+        ({"versions": [-2] * 12}, "versions"),
+        ({"token_ids": []}, "token_ids"),
+        ({"token_ids": [-1] * 12}, "token_ids"),
+        ({"token_ids": [1.5] * 12}, "token_ids"),
+        ({"token_ids": b"\x00\x01\x02"}, "token_ids"),
+        ({"policy": "no spaces allowed"}, "policy"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_sample_names_the_field(change: dict[str, Any], field: str) -> None:
+    raw = json.loads(make_sample().model_dump_json())
+    raw.update(change)
+    with pytest.raises(ValidationError) as info:
+        parse(Sample, raw)
+    assert info.value.field == field
+    assert field in str(info.value)
+
+
+def test_vocab_check() -> None:
+    s = make_sample()
+    s.check_vocab(7)
+    with pytest.raises(ValidationError, match="outside the vocabulary"):
+        s.check_vocab(6)
+
+
+def test_malformed_msgpack_is_a_validation_error() -> None:
+    data = pack(SubmitRequest(node_id="n", task_id="t", attempt=0, samples=[make_sample()]))
+    with pytest.raises(ValidationError, match="msgpack"):
+        unpack(SubmitRequest, data[:-3])
+    with pytest.raises(ValidationError):
+        unpack(Batch, data)
+
+
+def test_request_cross_field_rules() -> None:
+    with pytest.raises(ValidationError, match="min_samples"):
+        parse(
+            TakeBatchRequest,
+            {"policy": "p", "trainer_version": 0, "min_samples": 9, "max_samples": 4},
+        )
+    with pytest.raises(ValidationError, match="workflows"):
+        parse(LeaseRequest, {"node_id": "n", "capacity": 1, "workflows": []})
+
+
+def test_records_are_immutable() -> None:
+    s = make_sample()
+    with pytest.raises(Exception, match="frozen"):
+        s.reward = 2.0  # type: ignore[misc]
+
+
+def test_every_wire_record_has_a_json_schema() -> None:
+    schemas = wire_schemas()
+    assert {"Task", "Sample", "Batch", "LeaseRequest", "PolicyVersion"} <= set(schemas)
+    assert "token_ids" in schemas["Sample"]["properties"]
