@@ -1,0 +1,256 @@
+"""The workflow API: what a workflow author sees, and the token accounting done for them.
+
+A workflow is an async callable ``(task, policies, tools) -> list[Sample]``. It calls named
+policies (``await policies["solver"].generate(...)``), maybe tools, over as many turns as it
+likes, and returns one group of samples per policy it trains. It never computes masks by hand:
+a :class:`Trajectory` records one policy's token stream and knows which tokens that policy
+generated (trained, with logprobs and versions) and which it only read (prompt, tool output,
+other policies' words: masked out).
+
+    traj = Trajectory(policies["solver"])
+    traj.add_messages([{"role": "user", "content": question}])   # context, mask 0
+    gen = await traj.generate(sampling)                          # generated, mask 1
+    traj.add_text("\\nTool says: 42\\n")                          # context, mask 0
+    gen = await traj.generate(sampling)
+    sample = traj.to_sample(task, reward=1.0)
+
+Nothing here imports torch or a rollout engine: rollout nodes implement :class:`PolicyHandle`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import Field
+
+from astraflow.config import ConfigModel
+from astraflow.records import NO_VERSION, Sample, Task
+
+__all__ = [
+    "Generation",
+    "Message",
+    "PolicyHandle",
+    "Prompt",
+    "SamplingParams",
+    "Tool",
+    "Trajectory",
+    "Workflow",
+]
+
+Message = Mapping[str, Any]
+"""A chat message: ``{"role": ..., "content": ...}`` (plus tool-call fields when used)."""
+
+Prompt = str | Sequence[Message] | Sequence[int]
+"""Raw text, chat messages (rendered with the policy's chat template), or token ids."""
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SamplingParams(ConfigModel):
+    """How to sample one generation."""
+
+    max_new_tokens: int = Field(default=256, ge=1)
+    """Upper bound on generated tokens."""
+    temperature: float = Field(default=1.0, ge=0.0)
+    """Softmax temperature; 0 means greedy. Logprobs are of the tempered distribution."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass (1.0: off)."""
+    top_k: int = Field(default=0, ge=0)
+    """Keep only the k most likely tokens (0: off)."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends after the first one (it is kept in the output)."""
+    seed: int | None = None
+    """Per-request seed where the engine supports it."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion: the tokens a policy generated, their logprobs and the weights used.
+
+    A generation is produced by one weight version: nodes refresh weights between calls.
+    """
+
+    policy: str
+    version: int
+    """Weight version of ``policy`` that produced every token here."""
+    prompt_ids: npt.NDArray[np.int32]
+    token_ids: npt.NDArray[np.int32]
+    """Generated tokens, including the EOS token when one was produced."""
+    logprobs: npt.NDArray[np.float32]
+    """Behaviour logprob of each generated token under the tempered distribution."""
+    text: str
+    """Decoded generated text (special tokens skipped)."""
+    finish_reason: FinishReason
+    latency_s: float = 0.0
+    """Time the engine spent on this request (queueing included)."""
+    temperature: float = 1.0
+    """Temperature the logprobs are computed at (so the trainer can match it)."""
+
+
+@runtime_checkable
+class PolicyHandle(Protocol):
+    """A named policy a workflow can call; implemented by rollout nodes over an engine."""
+
+    @property
+    def name(self) -> str:
+        """Policy name (the ``policy`` field of the samples it trains)."""
+        ...
+
+    @property
+    def tokenizer(self) -> Any:
+        """The policy's Hugging Face tokenizer (encode, decode, chat template)."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """Weight version currently loaded (-1 before the first load)."""
+        ...
+
+    async def generate(
+        self, prompt: Prompt, sampling: SamplingParams | None = None, *, n: int = 1
+    ) -> list[Generation]:
+        """Sample ``n`` completions of ``prompt``; requests from many workflows are batched."""
+        ...
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A tool a workflow may call (calculator, search ...): text in, text out."""
+
+    @property
+    def name(self) -> str:
+        """Name the model uses to call it."""
+        ...
+
+    async def __call__(self, arguments: str) -> str:
+        """Run the tool; errors come back as text for the model, not as exceptions."""
+        ...
+
+
+@runtime_checkable
+class Workflow(Protocol):
+    """Runs one task: calls policies and tools, returns samples with rewards.
+
+    Built as ``cls(config, rng)`` from the workflow registry. It returns, for every policy
+    it trains, one group of samples (usually ``task.group_size``), all with ``group_id``
+    unique per task. Raising marks the task failed (it is re-queued or failed after N
+    attempts); it never crashes the node.
+    """
+
+    @property
+    def policies(self) -> Sequence[str]:
+        """Policy names this workflow calls (the node must host all of them)."""
+        ...
+
+    async def __call__(
+        self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
+    ) -> list[Sample]:
+        """Run ``task`` to completion and return its samples."""
+        ...
+
+
+@dataclass
+class Trajectory:
+    """One policy's token stream over a whole episode of turns, with its training mask.
+
+    Everything appended with ``add_*`` is context (mask 0, logprob 0, version -1); tokens
+    appended by ``generate`` (or ``add_generation`` for a generation of *this* policy) are
+    trained (mask 1, behaviour logprob, version). A generation by another policy added
+    here is context too: each policy is trained only on its own tokens.
+    """
+
+    policy: PolicyHandle
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: int = 0
+    generations: list[Generation] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def add_tokens(self, token_ids: Sequence[int]) -> None:
+        """Append context tokens (not trained)."""
+        ids = [int(t) for t in token_ids]
+        self.token_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [NO_VERSION] * len(ids)
+
+    def add_text(self, text: str) -> None:
+        """Append text as context, tokenized by this policy's tokenizer (no special tokens)."""
+        self.add_tokens(self.policy.tokenizer.encode(text, add_special_tokens=False))
+
+    def add_messages(self, messages: Sequence[Message], *, generation_prompt: bool = True) -> None:
+        """Append chat messages rendered with the policy's chat template (context).
+
+        On a non-empty trajectory only the rendering delta is appended, so a conversation
+        can be extended message by message.
+        """
+        tok = self.policy.tokenizer
+        ids = list(
+            tok.apply_chat_template(
+                list(messages), tokenize=True, add_generation_prompt=generation_prompt
+            )
+        )
+        if isinstance(ids[0], list):  # some tokenizers return a batch
+            ids = ids[0]
+        self.add_tokens(ids)
+
+    def add_generation(self, gen: Generation) -> None:
+        """Append a generation: trained if it is this policy's, context otherwise."""
+        if gen.policy != self.policy.name:
+            self.add_tokens(gen.token_ids.tolist())
+            return
+        n = int(gen.token_ids.shape[0])
+        self.token_ids += gen.token_ids.tolist()
+        self.loss_mask += [1] * n
+        self.logprobs += gen.logprobs.tolist()
+        self.versions += [gen.version] * n
+        self.turns += 1
+        self.generations.append(gen)
+
+    async def generate(self, sampling: SamplingParams | None = None) -> Generation:
+        """Generate a continuation of the whole stream so far and append it (trained)."""
+        if not self.token_ids:
+            raise ValueError("add a prompt before generating")
+        (gen,) = await self.policy.generate(list(self.token_ids), sampling, n=1)
+        self.add_generation(gen)
+        return gen
+
+    def to_sample(
+        self,
+        task: Task,
+        reward: float,
+        *,
+        group_id: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Sample:
+        """The training sample for this trajectory's policy."""
+        info: dict[str, Any] = {
+            "turns": self.turns,
+            "workflow": task.workflow,
+            "source": task.source,
+            "rollout_s": round(time.monotonic() - self.started, 4),
+        }
+        if self.generations:
+            last = self.generations[-1]
+            info["finish_reason"] = last.finish_reason
+            info["temperature"] = last.temperature
+            info["gen_latency_s"] = round(sum(g.latency_s for g in self.generations), 4)
+        info.update(meta or {})
+        return Sample(
+            policy=self.policy.name,
+            task_id=task.task_id,
+            group_id=group_id or task.task_id,
+            token_ids=np.asarray(self.token_ids, dtype=np.int32),
+            loss_mask=np.asarray(self.loss_mask, dtype=np.uint8),
+            logprobs=np.asarray(self.logprobs, dtype=np.float32),
+            versions=np.asarray(self.versions, dtype=np.int32),
+            reward=float(reward),
+            meta=info,
+        )
