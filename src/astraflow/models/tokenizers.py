@@ -32,7 +32,8 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:
     for ch in alphabet:
         vocab[ch] = len(vocab)
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # every character, newlines included ("." alone skips them in Oniguruma)
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core,

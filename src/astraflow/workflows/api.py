@@ -40,6 +40,9 @@ __all__ = [
     "Tool",
     "Trajectory",
     "Workflow",
+    "chat_delta",
+    "encode_prompt",
+    "render_chat",
 ]
 
 Message = Mapping[str, Any]
@@ -154,6 +157,52 @@ class Workflow(Protocol):
         ...
 
 
+def render_chat(tokenizer: Any, messages: Sequence[Message], *, generation_prompt: bool) -> str:
+    """``messages`` rendered as text by the tokenizer's chat template."""
+    text = tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tokenize=False, add_generation_prompt=generation_prompt
+    )
+    if not isinstance(text, str):
+        raise TypeError(f"chat template returned {type(text).__name__}, expected text")
+    return text
+
+
+_DELTA_BASE: tuple[Message, ...] = (
+    {"role": "user", "content": "x"},
+    {"role": "assistant", "content": "y"},
+)
+
+
+def chat_delta(tokenizer: Any, messages: Sequence[Message], *, generation_prompt: bool) -> str:
+    """What the chat template adds for ``messages`` after an assistant turn.
+
+    Rendered against a fixed two-turn conversation and cut after its prefix, so system
+    preambles and BOS tokens the template puts at the start are not repeated mid-episode.
+    """
+    prefix = render_chat(tokenizer, _DELTA_BASE, generation_prompt=False)
+    full = render_chat(tokenizer, [*_DELTA_BASE, *messages], generation_prompt=generation_prompt)
+    if full.startswith(prefix):
+        return full[len(prefix) :]
+    return render_chat(tokenizer, messages, generation_prompt=generation_prompt)
+
+
+def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
+    """Token ids of a prompt: text (the tokenizer's own special tokens), chat, or ids.
+
+    The one place prompts are tokenized: trainers building SFT pairs use it too, so warm-up
+    and rollout see identical prompt tokens.
+    """
+    if isinstance(prompt, str):
+        return [int(t) for t in tokenizer.encode(prompt, add_special_tokens=True)]
+    items: list[Any] = list(prompt)
+    if items and all(isinstance(t, (int, np.integer)) for t in items):
+        return [int(t) for t in items]
+    if not items or not all(isinstance(m, Mapping) for m in items):
+        raise ValueError("a prompt is text, a list of chat messages, or a list of token ids")
+    text = render_chat(tokenizer, items, generation_prompt=True)
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+
+
 @dataclass
 class Trajectory:
     """One policy's token stream over a whole episode of turns, with its training mask.
@@ -181,6 +230,10 @@ class Trajectory:
         self.logprobs += [0.0] * len(ids)
         self.versions += [NO_VERSION] * len(ids)
 
+    def add_prompt(self, prompt: Prompt) -> None:
+        """Append a prompt (text, chat messages or ids) tokenized by ``encode_prompt``."""
+        self.add_tokens(encode_prompt(self.policy.tokenizer, prompt))
+
     def add_text(self, text: str) -> None:
         """Append text as context, tokenized by this policy's tokenizer (no special tokens)."""
         self.add_tokens(self.policy.tokenizer.encode(text, add_special_tokens=False))
@@ -188,18 +241,15 @@ class Trajectory:
     def add_messages(self, messages: Sequence[Message], *, generation_prompt: bool = True) -> None:
         """Append chat messages rendered with the policy's chat template (context).
 
-        On a non-empty trajectory only the rendering delta is appended, so a conversation
-        can be extended message by message.
+        On a non-empty trajectory only the rendering delta is appended (what the template
+        adds after an assistant turn), so a conversation can be extended message by message.
         """
         tok = self.policy.tokenizer
-        ids = list(
-            tok.apply_chat_template(
-                list(messages), tokenize=True, add_generation_prompt=generation_prompt
-            )
-        )
-        if isinstance(ids[0], list):  # some tokenizers return a batch
-            ids = ids[0]
-        self.add_tokens(ids)
+        if self.token_ids:
+            text = chat_delta(tok, messages, generation_prompt=generation_prompt)
+        else:
+            text = render_chat(tok, messages, generation_prompt=generation_prompt)
+        self.add_tokens(tok.encode(text, add_special_tokens=False))
 
     def add_generation(self, gen: Generation) -> None:
         """Append a generation: trained if it is this policy's, context otherwise."""

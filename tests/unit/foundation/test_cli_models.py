@@ -45,3 +45,12 @@ def test_seeded_build_is_reproducible_and_leaves_global_rng() -> None:
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
     assert a.config.vocab_size == len(build_tokenizer(tiny_spec()))
+
+
+def test_char_tokenizer_keeps_newlines() -> None:
+    from astraflow.models.tokenizers import build_char_tokenizer
+
+    tok = build_char_tokenizer("ab\n")
+    ids = tok("a\n\nb").input_ids
+    assert len(ids) == 4 and tok.unk_token_id not in ids
+    assert tok.decode(ids) == "a\n\nb"

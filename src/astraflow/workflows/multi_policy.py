@@ -1,0 +1,291 @@
+"""Two-policy workflows: ``solver_verifier`` and ``solver_selector``.
+
+Each policy gets its own group (``group_id = task_id``, or ``task_id:role`` when one policy
+plays both roles) and is trained only on tokens it generated: the other policy's words reach
+it as re-tokenized text in its prompt (mask 0).
+
+solver_verifier (per task, ``group_size`` solver attempts):
+
+    solver answers ──► verifier judges (yes/no) ──yes──► done
+                               │ no (or no verdict), retry on
+                               ▼
+                       solver retries once in the same trajectory ──► verifier judges again
+    solver reward   = reward(final answer)                     (correct: reward >= threshold)
+    verifier reward = 1 if its verdict agrees with the answer's true correctness, else 0
+
+solver_selector:
+
+    solver: group_size candidates ──► selector sees them numbered, picks one (selector_group
+    samples) ──► selector reward = 1 if its pick is correct; solver reward = own correctness
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import Field
+
+from astraflow.config import ConfigModel
+from astraflow.records import Name, Sample, Task
+from astraflow.workflows.api import PolicyHandle, SamplingParams, Tool, Trajectory, encode_prompt
+from astraflow.workflows.prompts import (
+    add_user_turn,
+    build_prompt,
+    fill,
+    get_policy,
+    parse_choice,
+    parse_verdict,
+    question_text,
+)
+from astraflow.workflows.registry import WORKFLOWS, PromptConfig, RewardField
+from astraflow.workflows.rewards import RewardResolver
+
+__all__ = ["SolverSelector", "SolverVerifier", "role_group_ids"]
+
+VERIFIER_TEMPLATE = (
+    "Question: {question}\nProposed answer: {answer}\n"
+    "Is the proposed answer correct? Reply yes or no.\nVerdict: "
+)
+SELECTOR_TEMPLATE = (
+    "Question: {question}\nCandidate answers:\n{candidates}\n"
+    "Which candidate is correct? Reply with its number.\nChoice: "
+)
+RETRY_TEXT = "\nA verifier judged this answer wrong. Try again.\n"
+
+
+class _TwoRoleConfig(ConfigModel):
+    solver: Name = "solver"
+    """Policy that answers the task."""
+    solver_sampling: SamplingParams = Field(default_factory=SamplingParams)
+    """Sampling of solver answers."""
+    reward: RewardField = None
+    """Reward of solver answers (name or spec); unset: each task's ``payload['reward']``."""
+    correct_threshold: float = Field(default=1.0, ge=0.0)
+    """A solver answer counts as correct when its reward is at least this."""
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    """The solver's prompt."""
+    judge_chat: bool = False
+    """Send the judging prompt as a chat user message (for chat models)."""
+    max_answer_chars: int = Field(default=2000, ge=1)
+    """Solver answers longer than this are cut before another policy reads them."""
+
+
+def role_group_ids(task: Task, roles: Mapping[str, str]) -> dict[str, str]:
+    """Role → group id: the task id, suffixed by role when two roles share a policy."""
+    shared = len(set(roles.values())) < len(roles)
+    return {role: f"{task.task_id}:{role}" if shared else task.task_id for role in roles}
+
+
+@dataclass
+class _Attempt:
+    traj: Trajectory
+    answer: str
+    reward: float
+    retried: bool = False
+
+
+class _TwoRole:
+    roles: tuple[str, str]
+    config: Any
+
+    def _judge_prompt(self, template: str, **values: str) -> Any:
+        text = fill(template, values)
+        if self.config.judge_chat:
+            return [{"role": "user", "content": text}]
+        return text
+
+    async def _solve(self, task: Task, solver: PolicyHandle, rewards: RewardResolver) -> _Attempt:
+        cfg = self.config
+        traj = Trajectory(solver, started=time.monotonic())
+        traj.add_prompt(
+            build_prompt(
+                task.payload,
+                template=cfg.prompt.template,
+                system=cfg.prompt.system,
+                chat=cfg.prompt.chat,
+            )
+        )
+        gen = await traj.generate(cfg.solver_sampling)
+        return _Attempt(traj, gen.text, await rewards.score(gen.text, task.payload))
+
+    def _correct(self, reward: float) -> bool:
+        return bool(reward >= self.config.correct_threshold)
+
+    @property
+    def policies(self) -> Sequence[str]:
+        """Both policies (distinct names)."""
+        return tuple(dict.fromkeys(getattr(self.config, role) for role in self.roles))
+
+
+class SolverVerifierConfig(_TwoRoleConfig):
+    """Config of ``solver_verifier``."""
+
+    verifier: Name = "verifier"
+    """Policy that judges solver answers."""
+    verifier_sampling: SamplingParams = Field(
+        default_factory=lambda: SamplingParams(max_new_tokens=8)
+    )
+    """Sampling of verdicts."""
+    verifier_template: str = VERIFIER_TEMPLATE
+    """Judging prompt; fields: {question}, {answer}."""
+    retry: bool = True
+    """Let the solver retry once after a rejection (same trajectory, multi-turn)."""
+    retry_text: str = RETRY_TEXT
+    """What the solver is told after a rejection (context)."""
+    judge_retry: bool = True
+    """Have the verifier judge the retried answer too (another verifier sample)."""
+
+
+@WORKFLOWS.register("solver_verifier")
+class SolverVerifier(_TwoRole):
+    """A solver answers, a verifier judges; the solver may retry once after a rejection."""
+
+    Config = SolverVerifierConfig
+    roles = ("solver", "verifier")
+
+    def __init__(self, config: SolverVerifierConfig, rng: random.Random) -> None:
+        self.config = config
+        self.rewards = RewardResolver(config.reward, seed=rng.randrange(2**31))
+
+    async def __call__(
+        self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
+    ) -> list[Sample]:
+        """``group_size`` solver episodes, each judged (and maybe retried) concurrently."""
+        solver = get_policy(policies, self.config.solver, "solver_verifier")
+        verifier = get_policy(policies, self.config.verifier, "solver_verifier")
+        groups = role_group_ids(task, {"solver": solver.name, "verifier": verifier.name})
+        episodes = await asyncio.gather(
+            *(self._episode(task, solver, verifier) for _ in range(task.group_size))
+        )
+        samples: list[Sample] = []
+        for attempt, _ in episodes:
+            samples.append(
+                attempt.traj.to_sample(
+                    task,
+                    attempt.reward,
+                    group_id=groups["solver"],
+                    meta={"role": "solver", "retried": attempt.retried},
+                )
+            )
+        for _, judgements in episodes:
+            for traj, reward, verdict in judgements:
+                samples.append(
+                    traj.to_sample(
+                        task,
+                        reward,
+                        group_id=groups["verifier"],
+                        meta={"role": "verifier", "verdict": verdict},
+                    )
+                )
+        return samples
+
+    async def _judge(
+        self, task: Task, verifier: PolicyHandle, answer: str, correct: bool
+    ) -> tuple[Trajectory, float, str]:
+        cfg = self.config
+        traj = Trajectory(verifier, started=time.monotonic())
+        question = question_text(task.payload)
+        traj.add_prompt(
+            self._judge_prompt(
+                cfg.verifier_template, question=question, answer=answer[: cfg.max_answer_chars]
+            )
+        )
+        gen = await traj.generate(cfg.verifier_sampling)
+        verdict = parse_verdict(gen.text)
+        reward = float(verdict is not None and verdict == correct)
+        label = "none" if verdict is None else ("yes" if verdict else "no")
+        return traj, reward, label
+
+    async def _episode(
+        self, task: Task, solver: PolicyHandle, verifier: PolicyHandle
+    ) -> tuple[_Attempt, list[tuple[Trajectory, float, str]]]:
+        cfg = self.config
+        attempt = await self._solve(task, solver, self.rewards)
+        judged = await self._judge(task, verifier, attempt.answer, self._correct(attempt.reward))
+        judgements = [judged]
+        if cfg.retry and judged[2] != "yes":
+            add_user_turn(attempt.traj, cfg.retry_text, chat=cfg.prompt.chat)
+            gen = await attempt.traj.generate(cfg.solver_sampling)
+            attempt.answer, attempt.retried = gen.text, True
+            attempt.reward = await self.rewards.score(gen.text, task.payload)
+            if cfg.judge_retry:
+                judgements.append(
+                    await self._judge(task, verifier, gen.text, self._correct(attempt.reward))
+                )
+        return attempt, judgements
+
+
+class SolverSelectorConfig(_TwoRoleConfig):
+    """Config of ``solver_selector``."""
+
+    selector: Name = "selector"
+    """Policy that picks one of the solver's candidates."""
+    selector_sampling: SamplingParams = Field(
+        default_factory=lambda: SamplingParams(max_new_tokens=8)
+    )
+    """Sampling of picks."""
+    selector_template: str = SELECTOR_TEMPLATE
+    """Selection prompt; fields: {question}, {candidates} (numbered '(1) …' lines)."""
+    selector_group_size: int | None = Field(default=None, ge=1)
+    """Selector samples per task (its group); unset: the task's group_size."""
+
+
+@WORKFLOWS.register("solver_selector")
+class SolverSelector(_TwoRole):
+    """A solver proposes ``group_size`` candidates; a selector picks the correct one."""
+
+    Config = SolverSelectorConfig
+    roles = ("solver", "selector")
+
+    def __init__(self, config: SolverSelectorConfig, rng: random.Random) -> None:
+        self.config = config
+        self.rewards = RewardResolver(config.reward, seed=rng.randrange(2**31))
+
+    async def __call__(
+        self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
+    ) -> list[Sample]:
+        """Candidates, then the selector's group of picks."""
+        cfg = self.config
+        solver = get_policy(policies, cfg.solver, "solver_selector")
+        selector = get_policy(policies, cfg.selector, "solver_selector")
+        groups = role_group_ids(task, {"solver": solver.name, "selector": selector.name})
+        attempts = await asyncio.gather(
+            *(self._solve(task, solver, self.rewards) for _ in range(task.group_size))
+        )
+        correct = [self._correct(a.reward) for a in attempts]
+        candidates = "\n".join(
+            f"({i + 1}) {a.answer[: cfg.max_answer_chars].strip()}" for i, a in enumerate(attempts)
+        )
+        prompt = self._judge_prompt(
+            cfg.selector_template, question=question_text(task.payload), candidates=candidates
+        )
+        size = cfg.selector_group_size or task.group_size
+        prompt_ids = encode_prompt(selector.tokenizer, prompt)
+        started = time.monotonic()
+        picks = await selector.generate(prompt_ids, cfg.selector_sampling, n=size)
+        samples = [
+            a.traj.to_sample(
+                task, a.reward, group_id=groups["solver"], meta={"role": "solver", "candidate": i}
+            )
+            for i, a in enumerate(attempts)
+        ]
+        for gen in picks:
+            traj = Trajectory(selector, started=started)
+            traj.add_tokens(prompt_ids)
+            traj.add_generation(gen)
+            choice = parse_choice(gen.text, len(attempts))
+            reward = float(choice is not None and correct[choice])
+            samples.append(
+                traj.to_sample(
+                    task,
+                    reward,
+                    group_id=groups["selector"],
+                    meta={"role": "selector", "choice": choice},
+                )
+            )
+        return samples

@@ -1,0 +1,62 @@
+"""The workflow registry: built-in workflows by name, and what every workflow config shares.
+
+Nodes build a workflow as ``WORKFLOWS.build({"type": "rlvr", ...}, seed=...)``; a task names
+the workflow that runs it (``task.workflow``). Built-ins register on first lookup.
+
+| name | policies (config fields) | module |
+|---|---|---|
+| ``rlvr`` | ``policy`` | ``workflows/rlvr.py`` |
+| ``tool_calling`` | ``policy`` | ``workflows/tool_calling.py`` |
+| ``solver_verifier`` | ``solver``, ``verifier`` | ``workflows/multi_policy.py`` |
+| ``solver_selector`` | ``solver``, ``selector`` | ``workflows/multi_policy.py`` |
+| ``solver_testgen`` | ``solver``, ``testgen`` | ``workflows/testgen.py`` |
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from astraflow.config import ConfigModel
+from astraflow.plugins import PluginSpec, Registry
+from astraflow.records import Name
+from astraflow.workflows.api import SamplingParams, Workflow
+
+__all__ = ["WORKFLOWS", "PromptConfig", "RewardField", "SingleRoleConfig"]
+
+WORKFLOWS: Registry[Workflow] = Registry(
+    "workflow",
+    Workflow,  # type: ignore[type-abstract]  # the contract is a Protocol
+    (
+        "astraflow.workflows.rlvr",
+        "astraflow.workflows.tool_calling",
+        "astraflow.workflows.multi_policy",
+        "astraflow.workflows.testgen",
+    ),
+)
+
+RewardField = str | PluginSpec | None
+"""A reward by registry name or spec; None: use the name in each task's ``payload['reward']``."""
+
+
+class PromptConfig(ConfigModel):
+    """How a workflow turns a task payload into the first prompt of a policy."""
+
+    template: str | None = None
+    """Format string over payload fields for text prompts, e.g. 'Q: {prompt}\\nA:'."""
+    system: str | None = None
+    """System text: a system message in chat, else prepended to the prompt."""
+    chat: bool = False
+    """Send text prompts as a user message through the policy's chat template."""
+
+
+class SingleRoleConfig(ConfigModel):
+    """Config shared by single-policy workflows."""
+
+    policy: Name = "policy"
+    """Name of the policy that generates (and is trained)."""
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    """Sampling of every generation."""
+    reward: RewardField = None
+    """Reward by name or spec; unset: each task's ``payload['reward']``."""
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    """Prompt construction."""

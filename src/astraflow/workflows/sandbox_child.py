@@ -1,0 +1,159 @@
+"""Child side of the code sandbox: trusted set-up that runs before the untrusted program.
+
+Started by :mod:`astraflow.workflows.sandbox` as ``python -I -S -B sandbox_child.py CONFIG``
+in a fresh temporary directory, maybe as pid 1 of new network + pid namespaces. Standard
+library only: it never imports astraflow.
+
+    join pids cgroup ─► set rlimits ─► fork ─┬─ child: close status fd, install audit guard,
+                                             │         run main.py as __main__
+                                             └─ parent (init): reap every child; write the
+                                                program's exit code or signal to the status fd
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import runpy
+import sys
+from typing import Any
+
+# Audit events refused outright: new processes, sockets, native code, signals, limits.
+_BLOCKED = frozenset(
+    {
+        "os.fork",
+        "os.forkpty",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "subprocess.Popen",
+        "socket.__new__",
+        "socket.connect",
+        "socket.bind",
+        "socket.getaddrinfo",
+        "socket.gethostbyname",
+        "socket.gethostbyname_ex",
+        "socket.sendto",
+        "ctypes.dlopen",
+        "ctypes.dlsym",
+        "ctypes.cdata",
+        "os.kill",
+        "os.killpg",
+        "signal.pthread_kill",
+        "resource.setrlimit",
+        "resource.prlimit",
+    }
+)
+# Modules whose import would give a way around the guard (raw fork_exec, ctypes).
+_BLOCKED_IMPORTS = frozenset({"_posixsubprocess", "_ctypes", "ctypes"})
+# Events whose listed arguments are paths the program changes: only inside the sandbox dir.
+_PATH_EVENTS: dict[str, tuple[int, ...]] = {
+    "os.remove": (0,),
+    "os.rmdir": (0,),
+    "os.mkdir": (0,),
+    "os.rename": (0, 1),
+    "os.link": (0, 1),
+    "os.symlink": (1,),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.truncate": (0,),
+    "os.utime": (0,),
+    "shutil.rmtree": (0,),
+}
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _inside(root: str, path: Any) -> bool:
+    if isinstance(path, int):
+        return True  # an already-open descriptor
+    real = os.path.realpath(os.fsdecode(path))
+    return real == os.devnull or real == root or real.startswith(root + os.sep)
+
+
+def _guard(root: str) -> Any:
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event in _BLOCKED:
+            raise PermissionError(f"astraflow-sandbox: {event} is not allowed")
+        if event == "import" and args and args[0] in _BLOCKED_IMPORTS:
+            raise PermissionError(f"astraflow-sandbox: import of {args[0]} is not allowed")
+        if event == "open" and len(args) >= 3:
+            path, mode, flags = args[0], args[1], args[2]
+            writes = bool((flags or 0) & _WRITE_FLAGS) or (
+                isinstance(mode, str) and any(c in mode for c in "wax+")
+            )
+            if writes and path is not None and not _inside(root, path):
+                raise PermissionError(f"astraflow-sandbox: writing {path!r} is not allowed")
+        for index in _PATH_EVENTS.get(event, ()):
+            if len(args) > index and args[index] is not None and not _inside(root, args[index]):
+                raise PermissionError(f"astraflow-sandbox: {event} on {args[index]!r}")
+
+    return hook
+
+
+def _limit(config: dict[str, Any]) -> None:
+    for name, value in config["rlimits"].items():
+        limit = int(value)
+        resource.setrlimit(getattr(resource, name), (limit, limit))
+
+
+def _run_program(config: dict[str, Any], status_fd: int) -> None:
+    os.close(status_fd)
+    root = os.path.realpath(os.getcwd())
+    sys.argv = [config["program"]]
+    sys.path.insert(0, root)
+    if config["guard"]:
+        sys.addaudithook(_guard(root))
+    code = 0
+    try:
+        runpy.run_path(config["program"], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # the program's own failure: report it like python would
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def _wait_as_init(pid: int) -> dict[str, int]:
+    """Reap every child (we may be pid 1); return how the program itself ended."""
+    while True:
+        try:
+            done, status = os.wait()
+        except ChildProcessError:
+            return {"exit": -1}
+        if done == pid:
+            if os.WIFSIGNALED(status):
+                return {"signal": os.WTERMSIG(status)}
+            return {"exit": os.WEXITSTATUS(status)}
+
+
+def main() -> None:
+    """Set up limits, run the program in a child, report its end on the status fd."""
+    with open(sys.argv[1], encoding="utf-8") as f:
+        config = json.load(f)
+    status_fd = int(config["status_fd"])
+    if config.get("cgroup_procs"):
+        with open(config["cgroup_procs"], "w", encoding="ascii") as f:
+            f.write("0")
+    _limit(config)
+    pid = os.fork()
+    if pid == 0:
+        _run_program(config, status_fd)
+    result = _wait_as_init(pid)
+    os.write(status_fd, json.dumps(result).encode())
+    os.close(status_fd)
+
+
+if __name__ == "__main__":
+    main()
