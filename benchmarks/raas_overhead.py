@@ -1,0 +1,317 @@
+"""Generation tokens/s through a rollout node vs calling its engine directly.
+
+Same model, same engine config (max batch = ``batch`` tasks x ``group`` completions), same
+prompts, same sampling with the same seeds (seeded sampling in the transformers engine does
+not depend on batch composition, so both paths generate the same tokens). The baseline sends
+each round's whole batch to ``engine.generate`` at once; the node path is the real thing: a
+dataflow service in its own process (``astraflow dataflow serve``), the node in this process
+leasing, running ``rlvr`` (prompt, generate, reward), submitting over HTTP. Two node rows:
+capacity = one engine batch (lease, generate, submit, lease ... in turn), and capacity = two
+batches (the default deployment shape: one wave submits and leases while the other
+generates). Overhead = 1 - node tokens/s / direct tokens/s (target < 5%).
+
+    .venv/bin/python benchmarks/raas_overhead.py            # 3.2M-param model, 8 rounds
+    .venv/bin/python benchmarks/raas_overhead.py --quick    # small model, 3 rounds
+
+Timings on a shared 2-core machine are noisy (+-30%); the script runs the two paths
+alternately ``--repeats`` times and reports the median of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+ALPHABET = "0123456789+-*=>?,. abcdefgh"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="small model, few rounds (a smoke run)")
+    p.add_argument("--hidden", type=int, default=256, help="hidden size of the Qwen3 model")
+    p.add_argument("--layers", type=int, default=4, help="decoder layers")
+    p.add_argument("--batch", type=int, default=8, help="tasks per engine batch (a round)")
+    p.add_argument("--group", type=int, default=4, help="completions per task (group size)")
+    p.add_argument("--new-tokens", type=int, default=48, help="max new tokens per completion")
+    p.add_argument("--rounds", type=int, default=8, help="batches of `capacity` tasks")
+    p.add_argument("--repeats", type=int, default=3, help="alternating runs of each path")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = p.parse_args()
+    if args.quick:
+        args.hidden, args.layers, args.rounds, args.repeats, args.new_tokens = 64, 2, 3, 1, 24
+    return args
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prompts(n: int) -> list[str]:
+    return [f"{i % 10}+{(i * 7) % 10}=" for i in range(n)]
+
+
+def setup_store(root: Path, args: argparse.Namespace) -> Any:
+    """Publish assets and version 0 of the benchmark model; return its spec."""
+    from astraflow.models import ModelSpec, TokenizerSpec, build_model, build_tokenizer
+    from astraflow.weights import WeightStore
+
+    spec = ModelSpec(
+        model_type="qwen3",
+        config={
+            "hidden_size": args.hidden,
+            "intermediate_size": 3 * args.hidden,
+            "num_hidden_layers": args.layers,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": args.hidden // 4,
+            "max_position_embeddings": 256,
+            "tie_word_embeddings": True,
+        },
+        tokenizer=TokenizerSpec(type="char", alphabet=ALPHABET),
+    )
+    tok = build_tokenizer(spec)
+    model = build_model(spec, tok)
+    assets = root / "assets"
+    model.config.save_pretrained(assets)
+    model.generation_config.save_pretrained(assets)
+    tok.save_pretrained(assets)
+    store = WeightStore(root / "weights")
+    store.publish_assets("policy", assets)
+    store.publish("policy", 0, model.state_dict()).result()
+    store.close()
+    return spec
+
+
+def sampling(args: argparse.Namespace) -> dict[str, Any]:
+    return {"max_new_tokens": args.new_tokens, "temperature": 1.0, "seed": 1234}
+
+
+async def run_direct(
+    root: Path, args: argparse.Namespace, engine_cfg: dict[str, Any]
+) -> dict[str, float]:
+    """The baseline: each round's whole batch straight into engine.generate."""
+    from transformers import AutoTokenizer
+
+    from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
+    from astraflow.weights import WeightClient
+    from astraflow.workflows.api import SamplingParams, encode_prompt
+
+    client = WeightClient(root / "weights")
+    assets = client.fetch_assets("policy", root / "direct-assets")
+    tok = AutoTokenizer.from_pretrained(assets)
+    context = EngineContext(
+        policy="policy", tokenizer=tok, work_dir=root / "direct", assets_dir=assets
+    )
+    engine = build_engine(engine_cfg, context)
+    await engine.load(client.load("policy", 0), 0)
+    params = SamplingParams(**sampling(args))
+    texts = prompts(args.batch * args.rounds)
+    requests = [
+        GenerationRequest.from_sampling(encode_prompt(tok, text), params, seed=params.seed + i)  # type: ignore[operator]
+        for text in texts
+        for i in range(args.group)
+    ]
+    await engine.generate(requests[: args.group])  # warm-up
+    per_round = args.batch * args.group
+    tokens = 0
+    started = time.perf_counter()
+    for r in range(args.rounds):
+        outs = await engine.generate(requests[r * per_round : (r + 1) * per_round])
+        tokens += sum(len(o.token_ids) for o in outs)
+    elapsed = time.perf_counter() - started
+    metrics = engine.metrics()  # type: ignore[attr-defined]
+    await engine.close()
+    client.close()
+    return {"tokens": tokens, "seconds": elapsed, "batch": metrics["mean_batch_size"]}
+
+
+def start_dataflow(
+    root: Path, args: argparse.Namespace, run: int
+) -> tuple[subprocess.Popen[bytes], str]:
+    tasks = root / f"tasks-{run}.jsonl"
+    with tasks.open("w") as f:
+        for i, text in enumerate(prompts(args.batch * args.rounds)):
+            f.write(
+                json.dumps(
+                    {
+                        "id": str(i),
+                        "prompt": text,
+                        "answer": str(int(text[0]) + int(text[2])),
+                        "reward": "synthetic_exact",
+                    }
+                )
+                + "\n"
+            )
+    port = free_port()
+    config = {
+        "run_dir": str(root / f"df-{run}"),
+        "port": port,
+        "policies": {"policy": {"vocab_size": 64, "max_staleness": 4, "max_buffered": 100000}},
+        "sources": [
+            {
+                "name": "bench",
+                "type": "jsonl",
+                "path": str(tasks),
+                "workflow": "rlvr",
+                "policies": ["policy"],
+                "group_size": args.group,
+                "epochs": 1,
+            }
+        ],
+        "selector": "sequential",
+        "lease": {"ttl_s": 120, "retry_after_s": 0.05},
+    }
+    path = root / f"dataflow-{run}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = (root / f"dataflow-{run}.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "astraflow.cli.main",
+            "dataflow",
+            "serve",
+            "--config",
+            str(path),
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v1/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"the dataflow service did not start; see {root}/dataflow-{run}.log")
+
+
+async def run_node(
+    root: Path, args: argparse.Namespace, engine_cfg: dict[str, Any], run: int, capacity: int
+) -> dict[str, float]:
+    """The real node against the dataflow service; time from ready to the last submit."""
+    from astraflow.dataflow.client import AsyncDataflowClient
+    from astraflow.raas.config import NodeConfig
+    from astraflow.raas.node import RolloutNode
+
+    proc, url = start_dataflow(root, args, run)
+    total = args.batch * args.rounds
+    try:
+        config = NodeConfig.model_validate(
+            {
+                "dataflow_url": url,
+                "weights": str(root / "weights"),
+                "node_id": f"bench-{run}",
+                "policies": {"policy": {"engine": engine_cfg}},
+                "capacity": capacity,
+                "workflows": {"rlvr": {"sampling": sampling(args)}},
+                "idle_wait_s": 0.05,
+                "work_dir": str(root / f"node-{run}"),
+            }
+        )
+        node = RolloutNode(config)
+        assert await node.start()
+        policy = node.policies["policy"]
+        await policy.generate("1+1=", n=args.group)  # warm-up, as the baseline
+        warm = policy.generated_tokens
+        async with AsyncDataflowClient(url, timeout_s=10) as watcher:
+            started = time.perf_counter()
+            serving = asyncio.create_task(node.serve())
+            while node.meter.completed < total:
+                await asyncio.sleep(0.005)
+            elapsed = time.perf_counter() - started
+            node.request_stop()
+            await serving
+            report = await watcher.report()
+        metrics = policy.engine.metrics()  # type: ignore[attr-defined]
+        await node.close()
+        assert report.tasks.done == total, report.tasks
+        return {
+            "tokens": policy.generated_tokens - warm,
+            "seconds": elapsed,
+            "batch": metrics["mean_batch_size"],
+        }
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+async def main() -> None:
+    args = parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    engine_cfg = {
+        "type": "transformers",
+        "device": "cpu",
+        "max_batch_size": args.batch * args.group,
+    }
+    with tempfile.TemporaryDirectory(prefix="raas-bench-") as tmp:
+        root = Path(tmp)
+        setup_store(root, args)
+        import torch
+
+        print(
+            f"model: qwen3 hidden={args.hidden} layers={args.layers}; batch {args.batch} tasks x "
+            f"{args.group} completions x <= {args.new_tokens} new tokens; {args.rounds} rounds; "
+            f"torch threads {torch.get_num_threads()}; cpu x{os.cpu_count()}"
+        )
+        runs: dict[str, list[dict[str, float]]] = {"direct": [], "node1": [], "node2": []}
+        for run in range(args.repeats):
+            runs["direct"].append(await run_direct(root, args, engine_cfg))
+            runs["node1"].append(await run_node(root, args, engine_cfg, 2 * run, args.batch))
+            runs["node2"].append(
+                await run_node(root, args, engine_cfg, 2 * run + 1, 2 * args.batch)
+            )
+    names = {
+        "direct": "engine.generate (baseline)",
+        "node1": f"node, capacity {args.batch}",
+        "node2": f"node, capacity {2 * args.batch}",
+    }
+    rate = {k: [r["tokens"] / r["seconds"] for r in v] for k, v in runs.items()}
+    base = statistics.median(rate["direct"])
+    print(
+        f"\n{'path':<30}{'tokens':>8}{'tokens/s (median)':>19}{'mean batch':>12}"
+        f"{'overhead':>10}  runs"
+    )
+    for key, label in names.items():
+        mid = statistics.median(rate[key])
+        r = runs[key][0]
+        over = "" if key == "direct" else f"{1 - mid / base:+.1%}"
+        print(
+            f"{label:<30}{int(r['tokens']):>8}{mid:>19.0f}{r['batch']:>12.1f}{over:>10}  "
+            f"{[round(x) for x in rate[key]]}"
+        )
+    print(
+        "\noverhead = 1 - node tokens/s / engine tokens/s (target < 5%); timings on a shared "
+        "machine vary +-30%: compare medians of alternating runs"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,106 @@
+"""``NodeConfig``: everything one rollout node is started with (YAML, flags, ``--set``)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from astraflow.config import ConfigModel
+from astraflow.models import ModelSpec
+from astraflow.records import NAME_PATTERN
+
+__all__ = ["NodeConfig", "PolicyConfig", "default_node_id"]
+
+
+def default_node_id() -> str:
+    """``<host>-<pid>``: unique per process on a cluster, stable for the process's life."""
+    host = "".join(c if c.isalnum() or c in "-_." else "-" for c in socket.gethostname())
+    return f"{host or 'node'}-{os.getpid()}"[:120]
+
+
+class PolicyConfig(ConfigModel):
+    """One policy hosted by the node: its model, its engine, how fresh its weights stay."""
+
+    model: ModelSpec | None = None
+    """The policy's own model; default: built from the weight store's assets and weights."""
+    engine: dict[str, Any] = Field(default_factory=lambda: {"type": "transformers"})
+    """Engine spec: ``type`` (transformers, vllm, sglang, openai or module:Class) + options."""
+    frozen: bool = False
+    """Never refresh from the weight store (judges, tools); implied by the openai engine."""
+    refresh: Literal["eager", "budget"] = "eager"
+    """'eager': pull as soon as a newer version is announced; 'budget': only when over it."""
+    staleness_budget: int = Field(default=1, ge=0)
+    """Versions the weights may lag the latest before the node stops leasing to refresh."""
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_type(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(v.get("type", "transformers"), str):
+            raise ValueError("engine.type must be a name or 'package.module:Class'")
+        return {"type": "transformers", **v}
+
+    @property
+    def is_frozen(self) -> bool:
+        """True when the weights never change (frozen, or served by an openai endpoint)."""
+        return self.frozen or self.engine.get("type") == "openai"
+
+
+class NodeConfig(ConfigModel):
+    """A rollout node: where the dataflow and weights are, what it hosts and runs."""
+
+    dataflow_url: str
+    """Base URL of the dataflow service, e.g. http://127.0.0.1:8700."""
+    weights: str
+    """Weight store: an http(s) weight server URL, a local directory, or an fsspec URL."""
+    policies: dict[str, PolicyConfig] = Field(min_length=1)
+    """Hosted policies by name (a node may host several, one engine each)."""
+    workflows: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"rlvr": dict[str, Any]()})
+    """Workflows this node runs, by task workflow name: kwargs (``type`` defaults to the name)."""
+    tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Tools offered to every workflow, by registry name: kwargs (workflows build their own too)."""
+    node_id: str = Field(default_factory=default_node_id, pattern=NAME_PATTERN)
+    """This node's id in leases and reports (default: host-pid)."""
+    pool: str = Field(default="default", pattern=NAME_PATTERN)
+    """Pool label reported with every lease and heartbeat (region, hardware ...)."""
+    capacity: int = Field(default=8, ge=1, le=4096)
+    """Tasks run at once."""
+    task_timeout_s: float = Field(default=600.0, gt=0)
+    """A workflow running longer is cancelled and its task reported failed."""
+    grace_s: float = Field(default=30.0, ge=0)
+    """On SIGTERM: how long running tasks may finish before their leases are handed back."""
+    lease_wait_s: float = Field(default=0.05, ge=0)
+    """When some slots free up while tasks still run, wait up to this long for more to free
+    before leasing: tasks leased together generate together (bigger engine batches)."""
+    idle_wait_s: float = Field(default=1.0, gt=0)
+    """Wait before leasing again after an empty reply that named no retry time."""
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    """Timeout of each call to the dataflow service."""
+    heartbeat_fraction: float = Field(default=1 / 3, gt=0, lt=1)
+    """Leases are renewed every ``lease_ttl_s * heartbeat_fraction`` seconds."""
+    stats_window_s: float = Field(default=60.0, gt=0)
+    """Window of the throughput figures reported in heartbeats."""
+    work_dir: str | None = None
+    """Scratch directory (assets, engine files); default: a temporary directory."""
+    hardware: str | None = None
+    """Hardware label in reports (default: detected, e.g. 'cpu x2' or the GPU name)."""
+    seed: int = 0
+    """Seed of workflow and engine RNGs."""
+
+    @field_validator("policies")
+    @classmethod
+    def _policy_names(cls, v: dict[str, PolicyConfig]) -> dict[str, PolicyConfig]:
+        import re
+
+        for name in v:
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"policy name {name!r} is not a valid name")
+        return v
+
+    @model_validator(mode="after")
+    def _workflows_named(self) -> NodeConfig:
+        if not self.workflows:
+            raise ValueError("a node must run at least one workflow")
+        return self

@@ -1,0 +1,1 @@
+"""Engines behind one protocol (``base.Engine``): transformers, vllm, sglang, openai."""

@@ -1,0 +1,213 @@
+"""A dedicated engine thread that batches concurrent requests and orders weight changes.
+
+Workflows call ``generate`` from the event loop at any time; the requests queue up here.
+The thread takes the first one, keeps collecting for ``batch_wait_s`` (or until
+``max_batch_size``), then runs the batch. Weight changes (``call``) queue on the same
+thread, so they run *between* batches, never inside one, and every token of a batch comes
+from one weight version.
+
+    generate() ─┐                  ┌─► control jobs first (load / apply weights)
+    generate() ─┼─► queue ─► thread ┤
+    call(fn)  ──┘                  └─► one batch ─► futures resolved on the caller's loop
+
+``close`` stops the thread; pending and later requests fail with ``ServiceUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from astraflow.errors import AstraflowError, ServiceUnavailableError
+from astraflow.raas.engines.base import EngineOutput, GenerationRequest
+
+__all__ = ["BatchingEngine", "Pending"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass
+class Pending:
+    """One queued generation request and where its result goes."""
+
+    request: GenerationRequest
+    future: Future[EngineOutput] = field(default_factory=Future)
+    arrived: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Control:
+    fn: Callable[[], Any]
+    future: Future[Any] = field(default_factory=Future)
+
+
+class _Stop:
+    pass
+
+
+_Job = Pending | _Control | _Stop
+
+
+class BatchingEngine(abc.ABC):
+    """Shared machinery of in-process engines: one thread, a batching queue, ordered control.
+
+    Subclasses implement ``_run_batch`` (called on the engine thread with a non-empty list,
+    resolving every ``Pending.future``) and may run setup on the thread via ``call``.
+    """
+
+    def __init__(self, *, name: str, max_batch_size: int, batch_wait_s: float) -> None:
+        self._name = name
+        self._max_batch = max_batch_size
+        self._wait_s = batch_wait_s
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()  # no job can be queued behind the stop marker
+        self._batches = 0
+        self._batched = 0
+        self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------- caller side
+
+    async def generate(self, requests: Sequence[GenerationRequest]) -> list[EngineOutput]:
+        """Queue every request and wait for all of them (see ``Engine.generate``)."""
+        jobs = [Pending(r) for r in requests]
+        self._put(*jobs)
+        return list(await asyncio.gather(*(asyncio.wrap_future(j.future) for j in jobs)))
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the engine thread between batches; return its result."""
+        job = _Control(fn)
+        self._put(job)
+        result: T = await asyncio.wrap_future(job.future)
+        return result
+
+    def metrics(self) -> dict[str, float]:
+        """Batches run and their mean size (how well concurrent requests were batched)."""
+        mean = self._batched / self._batches if self._batches else 0.0
+        return {"batches": float(self._batches), "mean_batch_size": mean}
+
+    def call_blocking(self, fn: Callable[[], T], timeout_s: float | None = None) -> T:
+        """Run ``fn`` on the engine thread from a thread that is not an event loop's."""
+        job = _Control(fn)
+        self._put(job)
+        result: T = job.future.result(timeout=timeout_s)
+        return result
+
+    async def close(self) -> None:
+        """Stop the thread after the running batch; fail everything still queued."""
+        with self._lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            self._jobs.put(_Stop())
+        await asyncio.to_thread(self._thread.join)
+        self._shutdown()
+
+    def _put(self, *jobs: _Job) -> None:
+        with self._lock:
+            if self._closed.is_set():
+                raise ServiceUnavailableError(f"the engine of policy {self._name!r} is closed")
+            for job in jobs:
+                self._jobs.put(job)
+
+    # ----------------------------------------------------------------- engine thread
+
+    @abc.abstractmethod
+    def _run_batch(self, batch: list[Pending]) -> None:
+        """Generate for every pending request and resolve its future (engine thread)."""
+
+    def _shutdown(self) -> None:  # noqa: B027  # optional hook, empty by default
+        """Release resources after the thread stopped (override when needed)."""
+
+    def _loop(self) -> None:
+        backlog: list[_Job] = []
+        while True:
+            job = backlog.pop(0) if backlog else self._jobs.get()
+            if isinstance(job, _Stop):
+                break
+            if isinstance(job, _Control):
+                self._run_control(job)
+                continue
+            batch, controls, stop = self._collect(job, backlog)
+            for control in controls:
+                self._run_control(control)
+            # a caller that gave up (task cancelled) cancelled its future: skip it
+            batch = [j for j in batch if j.future.set_running_or_notify_cancel()]
+            if batch:
+                self._batches += 1
+                self._batched += len(batch)
+                self._run_safely(batch)
+            if stop:
+                break
+        self._drain(backlog)
+
+    def _collect(
+        self, first: Pending, backlog: list[_Job]
+    ) -> tuple[list[Pending], list[_Control], bool]:
+        """Gather requests for up to ``batch_wait_s``; controls met on the way run first."""
+        batch: list[Pending] = [first]
+        controls: list[_Control] = []
+        deadline = time.monotonic() + self._wait_s
+        while len(batch) < self._max_batch:
+            if backlog:
+                job: _Job = backlog.pop(0)
+            else:
+                remaining = deadline - time.monotonic()
+                try:
+                    job = (
+                        self._jobs.get(timeout=remaining)
+                        if remaining > 0
+                        else self._jobs.get_nowait()
+                    )
+                except queue.Empty:
+                    break
+            if isinstance(job, _Stop):
+                return batch, controls, True
+            if isinstance(job, _Control):
+                controls.append(job)
+            else:
+                batch.append(job)
+        return batch, controls, False
+
+    def _run_control(self, job: _Control) -> None:
+        if not job.future.set_running_or_notify_cancel():
+            return
+        try:
+            job.future.set_result(job.fn())
+        except Exception as exc:  # delivered to the awaiting caller
+            job.future.set_exception(exc)
+
+    def _run_safely(self, batch: list[Pending]) -> None:
+        try:
+            self._run_batch(batch)
+        except AstraflowError as exc:  # expected (no weights yet, closed): the callers see it
+            log.warning("engine batch refused policy=%s size=%d: %s", self._name, len(batch), exc)
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+        except Exception as exc:  # one failed batch fails its requests, not the engine
+            log.exception("engine batch failed policy=%s size=%d", self._name, len(batch))
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+
+    def _drain(self, backlog: list[_Job]) -> None:
+        closed = ServiceUnavailableError(f"the engine of policy {self._name!r} was closed")
+        while True:
+            try:
+                job = backlog.pop(0) if backlog else self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(job, (Pending, _Control)) and not job.future.done():
+                job.future.set_exception(closed)

@@ -1,0 +1,206 @@
+"""Batched sampling with a KV cache for Hugging Face causal LMs, with exact logprobs.
+
+One call decodes one batch of requests to completion; each row keeps its own temperature,
+top-p, top-k, stop strings, length budget and (optional) seed. Rows are left-padded for
+the prefill; rows that finish are dropped from the batch (and its cache) once enough of
+them have, so long generations do not pay for short ones.
+
+    prefill(left-padded prompts) ─► logits ─► sample ─► finished? ─► compact ─┐
+                                      ▲                                       │
+                                      └──── forward(one token per row) ◄──────┘
+
+The logprob of a token is ``log_softmax(logits / T)`` at that token: top-p / top-k only
+restrict which tokens may be drawn. With a seed, a row draws from its own generator, so
+its tokens do not depend on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from astraflow.raas.engines.base import GenerationRequest
+from astraflow.workflows.api import FinishReason
+
+__all__ = ["BatchDecoder", "DecodedRow", "sample_next"]
+
+#: Compact the batch when at least this fraction of its rows has finished.
+_COMPACT_FRACTION = 0.25
+
+
+@dataclass
+class DecodedRow:
+    """The running state, then the result, of one request in a batch."""
+
+    request: GenerationRequest
+    budget: int
+    """New tokens allowed (request and context permitting)."""
+    generator: torch.Generator | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    generators: Sequence[torch.Generator | None],
+    shared: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row; return the tokens and their tempered logprobs.
+
+    Args:
+        logits: ``[B, V]`` float32 next-token logits.
+        temperature: ``[B]``; 0 marks a greedy row.
+        top_k: ``[B]`` long, 0 for off. top_p: ``[B]``, 1.0 for off.
+        generators: per-row generator (seeded requests) or ``None`` (use ``shared``).
+    """
+    greedy = temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature)
+    logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)
+    allowed = logprobs
+    if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
+        allowed = _restrict(logprobs, top_k, top_p)
+    probs = allowed.exp()
+    tokens = torch.multinomial(probs, 1, generator=shared).squeeze(1)
+    for row, gen in enumerate(generators):
+        if gen is not None:
+            tokens[row] = torch.multinomial(probs[row], 1, generator=gen)[0]
+    if bool(greedy.any()):
+        tokens = torch.where(greedy, logprobs.argmax(dim=-1), tokens)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(1)
+
+
+def _restrict(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``logprobs`` with every token outside each row's top-k / top-p set to -inf."""
+    vocab = logprobs.shape[-1]
+    ordered, order = logprobs.sort(dim=-1, descending=True)
+    probs = ordered.exp()
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = mass_before > top_p[:, None]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    drop |= torch.arange(vocab, device=logprobs.device)[None, :] >= k[:, None]
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logprobs).scatter_(-1, order, ordered)
+
+
+class BatchDecoder:
+    """Runs batches of requests through one causal LM (called from one thread only)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        eos_ids: Sequence[int],
+        pad_id: int,
+        device: torch.device,
+        seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(int(t) for t in eos_ids)
+        self.pad_id = pad_id
+        self.device = device
+        # sampling runs where the logits are: only B tokens and logprobs cross per step
+        self.shared = torch.Generator(device=device).manual_seed(seed)
+
+    @torch.inference_mode()
+    def run(self, rows: Sequence[DecodedRow]) -> None:
+        """Decode every row to completion (fills ``token_ids``, ``logprobs``, ``finish_reason``)."""
+        from transformers import DynamicCache
+
+        live = list(rows)
+        for row in live:
+            if row.request.seed is not None:
+                row.generator = torch.Generator(device=self.device).manual_seed(row.request.seed)
+        ids, mask = self._left_pad([r.request.prompt_ids for r in live])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        next_pos = positions[:, -1:] + 1
+        params = self._params(live)
+        while live:
+            tokens, logprobs = sample_next(
+                out.logits[:, -1, :].float(),
+                *params,
+                [r.generator for r in live],
+                self.shared,
+            )
+            done = self._record(live, tokens.tolist(), logprobs.tolist())
+            if len(done) == len(live):
+                return
+            step = tokens[:, None]
+            if len(done) >= max(1, int(_COMPACT_FRACTION * len(live))):
+                keep = [i for i in range(len(live)) if i not in done]
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, next_pos, step = mask[index], next_pos[index], step[index]
+                live = [live[i] for i in keep]
+                params = self._params(live)
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+            out = self.model(
+                input_ids=step,
+                attention_mask=mask,
+                position_ids=next_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            next_pos = next_pos + 1
+
+    def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            mask[i, width - len(prompt) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    def _params(
+        self, rows: Sequence[DecodedRow]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        reqs = [r.request for r in rows]
+        dev = self.device
+        return (
+            torch.tensor([q.temperature for q in reqs], dtype=torch.float32, device=dev),
+            torch.tensor([q.top_k for q in reqs], dtype=torch.long, device=dev),
+            torch.tensor([q.top_p for q in reqs], dtype=torch.float32, device=dev),
+        )
+
+    def _record(self, live: Sequence[DecodedRow], tokens: list[int], lps: list[float]) -> set[int]:
+        """Append each live row's token; return the indices of rows that are now finished."""
+        done: set[int] = set()
+        for i, row in enumerate(live):
+            if row.finish_reason is not None:
+                done.add(i)
+                continue
+            row.token_ids.append(tokens[i])
+            row.logprobs.append(lps[i])
+            if tokens[i] in self.eos_ids or self._hit_stop(row):
+                row.finish_reason = "stop"
+            elif len(row.token_ids) >= row.budget:
+                row.finish_reason = "length"
+            if row.finish_reason is not None:
+                done.add(i)
+        return done
+
+    def _hit_stop(self, row: DecodedRow) -> bool:
+        stops = row.request.stop
+        if not stops:
+            return False
+        window = max(len(s) for s in stops) + 4
+        tail = self.tokenizer.decode(row.token_ids[-window:], skip_special_tokens=False)
+        return any(s in tail for s in stops)

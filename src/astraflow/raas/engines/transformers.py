@@ -1,0 +1,207 @@
+"""The in-process ``transformers`` engine (the default): CPU or GPU, batched, exact logprobs.
+
+Requests from every running workflow are batched on the engine thread
+(``engines.batching``) and decoded with a KV cache by ``engines.decoding``. Weight updates
+run on the same thread between batches: ``apply`` pulls from the weight store straight
+into the live model's ``state_dict()`` (its tensors share storage with the parameters).
+
+The model is either the policy's own (``context.model``: built at construction, version
+0) or built from the weight store's assets at the first ``load`` in the published dtype.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from astraflow.config import ConfigModel
+from astraflow.errors import (
+    ChecksumError,
+    ServiceUnavailableError,
+    TransferError,
+    ValidationError,
+)
+from astraflow.raas.engines.base import (
+    ENGINES,
+    EngineContext,
+    EngineOutput,
+    WeightSource,
+    check_prompt,
+)
+from astraflow.raas.engines.batching import BatchingEngine, Pending
+from astraflow.raas.engines.decoding import BatchDecoder, DecodedRow
+from astraflow.records import NO_VERSION
+
+__all__ = ["TransformersEngine", "resolve_device"]
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` is the first CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@ENGINES.register("transformers")
+class TransformersEngine(BatchingEngine):
+    """A Hugging Face causal LM in this process, driven by a batching thread."""
+
+    class Config(ConfigModel):
+        """Options of the ``transformers`` engine."""
+
+        device: str = "auto"
+        """'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1' ..."""
+        max_batch_size: int = Field(default=64, ge=1)
+        """Most requests decoded together in one batch."""
+        batch_wait_ms: float = Field(default=2.0, ge=0.0)
+        """How long the first request of a batch waits for others to join it."""
+        threads: int | None = Field(default=None, ge=1)
+        """torch intra-op threads for this process (default: torch's choice)."""
+
+    def __init__(self, config: TransformersEngine.Config, context: EngineContext) -> None:
+        self.config = config
+        self.context = context
+        self.device = resolve_device(config.device)
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        self._model: Any = None
+        self._decoder: BatchDecoder | None = None
+        self._state: dict[str, torch.Tensor] = {}
+        self._version = NO_VERSION
+        if context.model is not None:
+            from astraflow.models import build_model
+
+            self._install(build_model(context.model, context.tokenizer))
+            self._version = 0
+        super().__init__(
+            name=context.policy,
+            max_batch_size=config.max_batch_size,
+            batch_wait_s=config.batch_wait_ms / 1000.0,
+        )
+
+    @property
+    def version(self) -> int:
+        """Weight version loaded (-1: none yet)."""
+        return self._version
+
+    @property
+    def model(self) -> Any:
+        """The live model (``None`` before the first load); read it only between batches."""
+        return self._model
+
+    async def load(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """Replace all weights (building the model first when there is none)."""
+        await self.call(lambda: self._load(tensors, version))
+
+    async def apply(self, source: WeightSource, policy: str, want: int) -> None:
+        """Pull ``want`` into the live weights, in place (from nothing: a full copy)."""
+        await self.call(lambda: self._apply(source, policy, want))
+
+    # ----------------------------------------------------------------- engine thread
+
+    def _install(self, model: Any) -> None:
+        model = model.to(self.device).eval()
+        tok = self.context.tokenizer
+        eos: set[int] = set()
+        for ids in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+            if isinstance(ids, int):
+                eos.add(ids)
+            elif ids is not None:
+                eos.update(int(i) for i in ids)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos, default=0)
+        self._model = model
+        self._state = model.state_dict()
+        self._decoder = BatchDecoder(
+            model, tok, eos_ids=sorted(eos), pad_id=pad, device=self.device, seed=self.context.seed
+        )
+
+    def _build_from_assets(self, dtype: torch.dtype) -> Any:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if self.context.assets_dir is None:
+            raise ServiceUnavailableError(
+                f"policy {self.context.policy!r} has neither a model nor weight-store assets"
+            )
+        config = AutoConfig.from_pretrained(self.context.assets_dir)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.context.seed)
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
+
+    def _load(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        floats = [t.dtype for t in tensors.values() if t.is_floating_point()]
+        dtype = floats[0] if floats else torch.float32
+        if self._model is None:
+            self._install(self._build_from_assets(dtype))
+        elif next(self._model.parameters()).dtype != dtype:
+            self._install(self._model.to(dtype))
+        self._version = NO_VERSION
+        missing, unexpected = self._model.load_state_dict(dict(tensors), strict=False)
+        if unexpected:
+            raise ValidationError(
+                f"policy {self.context.policy!r}: tensors {sorted(unexpected)[:5]} are not in "
+                "the model",
+                field="tensors",
+            )
+        loaded = {self._state[n].data_ptr() for n in tensors if n in self._state}
+        untied = [n for n in missing if self._state[n].data_ptr() not in loaded]
+        if untied:
+            raise ValidationError(
+                f"policy {self.context.policy!r}: no value for {sorted(untied)[:5]}",
+                field="tensors",
+            )
+        self._version = version
+        log.info("loaded weights policy=%s version=%d", self.context.policy, version)
+
+    def _apply(self, source: WeightSource, policy: str, want: int) -> None:
+        if self._model is None:
+            raise ServiceUnavailableError(f"policy {policy!r}: no model to update; load first")
+        have = self._version if self._version >= 0 else None
+        try:
+            source.pull(policy, self._state, have, want)
+        except (TransferError, ChecksumError, ValidationError):
+            raise  # the pull verifies everything before its first write: weights unchanged
+        except Exception:
+            self._version = NO_VERSION  # weights may be half-written: unknown from now on
+            raise
+        self._version = want
+
+    def _run_batch(self, batch: list[Pending]) -> None:
+        if self._decoder is None or self._version < 0:
+            raise ServiceUnavailableError(
+                f"policy {self.context.policy!r} has no weights loaded yet"
+            )
+        vocab = int(self._model.get_input_embeddings().num_embeddings)
+        context_len = getattr(self._model.config, "max_position_embeddings", None)
+        rows: list[DecodedRow] = []
+        jobs: list[Pending] = []
+        for job in batch:
+            try:
+                budget = check_prompt(job.request, vocab, context_len)
+            except ValidationError as exc:
+                job.future.set_exception(exc)
+                continue
+            rows.append(DecodedRow(job.request, budget))
+            jobs.append(job)
+        if not rows:
+            return
+        version = self._version
+        self._decoder.run(rows)
+        done = time.monotonic()
+        for job, row in zip(jobs, rows, strict=True):
+            job.future.set_result(
+                EngineOutput(
+                    token_ids=np.asarray(row.token_ids, dtype=np.int32),
+                    logprobs=np.asarray(row.logprobs, dtype=np.float32),
+                    finish_reason=row.finish_reason or "length",
+                    version=version,
+                    latency_s=done - job.arrived,
+                )
+            )

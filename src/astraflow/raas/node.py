@@ -1,0 +1,372 @@
+"""``RolloutNode``: lease tasks, run workflows, push trajectories, refresh weights. Nothing more.
+
+Three loops and one asyncio task per leased task share one event loop; every failure is
+caught at its loop or task boundary, so nothing a workflow, the network or a server does
+can crash the node.
+
+    lease loop ─ free slots (coalesced for lease_wait_s) ─ within staleness budget? ─┐
+        ▲  no task: wait retry_after_s                       dataflow.lease ◄──────┘
+        │                                                          │ tasks
+        └──── slot freed ◄── runner per task (raas.runner) ◄───────┘
+                               workflow ─► submit | fail
+    heartbeat ── every ttl * 1/3 ──► dataflow.renew(leases, stats) ─► lost: cancel runner
+    refresh ── newer version announced ──► policy.refresh (engine: between batches)
+
+    stop (SIGTERM) ─► lease loop ends ─► runners finish within grace_s ─► release the rest
+                  ─► heartbeat / refresh end ─► engines close ─► exit 0
+
+A crash needs no clean-up: the node's leases expire and the dataflow re-queues the tasks.
+Delivery is at-least-once; the dataflow deduplicates submissions on ``(task_id, attempt)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from astraflow.raas.config import NodeConfig
+from astraflow.raas.hosting import build_tools, build_workflows, host_policy
+from astraflow.raas.policy import NodePolicy, held_versions
+from astraflow.raas.runner import TaskRunner
+from astraflow.raas.stats import NodeMeter, detect_hardware
+from astraflow.records import (
+    LeaseRef,
+    LeaseRequest,
+    NodeStats,
+    PolicyVersion,
+    ReleaseRequest,
+    RenewRequest,
+    Task,
+)
+from astraflow.workflows.api import Tool, Workflow
+
+__all__ = ["RolloutNode"]
+
+log = logging.getLogger(__name__)
+
+#: Lease time-to-live assumed until the dataflow has named one.
+DEFAULT_TTL_S = 30.0
+#: Back-off after a failed call to the dataflow service.
+ERROR_BACKOFF_S = 1.0
+
+
+@dataclass
+class _Running:
+    task: Task
+    runner: asyncio.Task[None]
+    started: float
+
+
+class RolloutNode:
+    """One rollout node. ``await node.run()`` serves until ``request_stop()`` (or a signal)."""
+
+    def __init__(self, config: NodeConfig, *, dataflow: Any = None, weights: Any = None) -> None:
+        self.config = config
+        self._dataflow = dataflow
+        self._weights = weights
+        self.policies: dict[str, NodePolicy] = {}
+        self.workflows: dict[str, Workflow] = {}
+        self.tools: dict[str, Tool] = {}
+        self.meter = NodeMeter(config.stats_window_s, config.hardware or detect_hardware())
+        self._running: dict[tuple[str, int], _Running] = {}
+        self._latest: dict[str, int] = {}
+        self._must_refresh: set[str] = set()
+        self._stop = asyncio.Event()
+        self._versions_changed = asyncio.Event()
+        self._slot_free = asyncio.Event()
+        self._ttl_changed = asyncio.Event()
+        self._ttl_s = DEFAULT_TTL_S
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._runner: TaskRunner | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def request_stop(self) -> None:
+        """Graceful stop: lease nothing more, finish or hand back what is running."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once a stop was requested."""
+        return self._stop.is_set()
+
+    async def run(self) -> None:
+        """Start, serve until stopped, then stop gracefully and free everything."""
+        try:
+            if await self.start():
+                await self.serve()
+        finally:
+            await self.close()
+
+    async def start(self) -> bool:
+        """Open clients, host policies, build workflows; False when stopped before ready."""
+        cfg = self.config
+        if self._dataflow is None:
+            from astraflow.dataflow.client import AsyncDataflowClient
+
+            token = os.environ.get("ASTRAFLOW_NODE_TOKEN") or None
+            self._dataflow = AsyncDataflowClient(
+                cfg.dataflow_url, token=token, timeout_s=cfg.request_timeout_s
+            )
+        if self._weights is None:
+            from astraflow.weights import WeightClient
+
+            self._weights = WeightClient(cfg.weights)
+        if cfg.work_dir is not None:
+            work = Path(cfg.work_dir)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"raas-{cfg.node_id}-")
+            work = Path(self._tmp.name)
+        for name, pcfg in cfg.policies.items():
+            policy = await host_policy(name, pcfg, self._weights, work, cfg.seed, self._stop)
+            if policy is None:
+                return False
+            self.policies[name] = policy
+        self.workflows = build_workflows(cfg, self.policies)
+        self.tools = build_tools(cfg.tools, cfg.seed)
+        self._runner = TaskRunner(
+            cfg, self._dataflow, self.policies, self.workflows, self.tools, self.meter
+        )
+        log.info(
+            "node ready node=%s pool=%s capacity=%d policies=%s workflows=%s hardware=%r",
+            cfg.node_id,
+            cfg.pool,
+            cfg.capacity,
+            sorted(self.policies),
+            sorted(self.workflows),
+            self.meter.hardware,
+        )
+        return True
+
+    async def serve(self) -> None:
+        """Run the loops until a stop is requested, then drain (grace period, release)."""
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
+        refresher = asyncio.create_task(self._refresh_loop(), name="refresh")
+        try:
+            await self._lease_loop()
+            await self._drain()
+        finally:
+            for loop_task in (heartbeat, refresher):
+                loop_task.cancel()
+            await asyncio.gather(heartbeat, refresher, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel what still runs and close engines and clients (idempotent)."""
+        for running in list(self._running.values()):
+            running.runner.cancel()
+        await asyncio.gather(*(r.runner for r in self._running.values()), return_exceptions=True)
+        for policy in self.policies.values():
+            await policy.close()
+        if self._dataflow is not None:
+            await self._dataflow.close()
+        if self._weights is not None and hasattr(self._weights, "close"):
+            self._weights.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def stats(self) -> NodeStats:
+        """The stats reported with the next lease or heartbeat."""
+        tokens = sum(p.generated_tokens for p in self.policies.values())
+        return self.meter.snapshot(len(self._running), tokens)
+
+    # ----------------------------------------------------------------- lease loop
+
+    async def _lease_loop(self) -> None:
+        cfg = self.config
+        while not self._stop.is_set():
+            if not await self._fresh_enough():
+                await self._pause(ERROR_BACKOFF_S)
+                continue
+            free = cfg.capacity - len(self._running)
+            if free <= 0:
+                self._slot_free.clear()
+                await self._wait_either(self._slot_free)
+                continue
+            if free < cfg.capacity:
+                free = await self._coalesce()
+            try:
+                reply = await self._dataflow.lease(
+                    LeaseRequest(
+                        node_id=cfg.node_id,
+                        pool=cfg.pool,
+                        capacity=free,
+                        workflows=sorted(self.workflows),
+                        versions=self._held(),
+                        stats=self.stats(),
+                    )
+                )
+            except Exception as exc:  # loop boundary: the dataflow may be down for a while
+                log.warning("lease failed node=%s error=%r", cfg.node_id, exc)
+                await self._pause(ERROR_BACKOFF_S)
+                continue
+            self._set_ttl(reply.lease_ttl_s)
+            self._note_versions(reply.versions)
+            for policy, reason in reply.refresh.items():
+                log.info("dataflow asks to refresh policy=%s reason=%r", policy, reason)
+                self._must_refresh.add(policy)
+            for task in reply.tasks:
+                self._start(task)
+            if not reply.tasks:  # short when a refresh is due: it runs before the next lease
+                wait = reply.retry_after_s or cfg.idle_wait_s
+                await self._pause(min(wait, ERROR_BACKOFF_S / 20) if reply.refresh else wait)
+
+    async def _coalesce(self) -> int:
+        """Wait up to ``lease_wait_s`` for more running tasks to end; the free slots then."""
+        cfg = self.config
+        deadline = time.monotonic() + cfg.lease_wait_s
+        while self._running and not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._slot_free.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_free.wait(), remaining)
+        return cfg.capacity - len(self._running)
+
+    async def _fresh_enough(self) -> bool:
+        """Refresh policies over their staleness budget (or named by the dataflow) first."""
+        for name, policy in self.policies.items():
+            latest = self._latest.get(name, -1)
+            budget = self.config.policies[name].staleness_budget
+            if policy.frozen or latest < 0:
+                self._must_refresh.discard(name)
+                continue
+            if name in self._must_refresh or latest - policy.version > budget:
+                try:
+                    if await policy.refresh(self._weights, latest):
+                        self.meter.refreshes += 1
+                except Exception as exc:  # boundary: keep serving, try again shortly
+                    log.warning("refresh failed policy=%s want=%d error=%r", name, latest, exc)
+                    return False
+                self._must_refresh.discard(name)
+        return True
+
+    def _set_ttl(self, ttl_s: float) -> None:
+        if ttl_s != self._ttl_s:
+            self._ttl_s = ttl_s
+            self._ttl_changed.set()
+
+    def _held(self) -> dict[str, int]:
+        return held_versions(list(self.policies.values()))
+
+    def _note_versions(self, versions: dict[str, PolicyVersion]) -> None:
+        changed = False
+        for name, announced in versions.items():
+            if name in self.policies and announced.version > self._latest.get(name, -1):
+                self._latest[name] = announced.version
+                changed = True
+        if changed:
+            self._versions_changed.set()
+
+    # ----------------------------------------------------------------- task runners
+
+    def _start(self, task: Task) -> None:
+        key = (task.task_id, task.attempt)
+        if key in self._running:
+            return
+        assert self._runner is not None, "start() first"
+        runner = asyncio.create_task(self._runner.run(task), name=f"task:{task.task_id}")
+        self._running[key] = _Running(task, runner, time.monotonic())
+        runner.add_done_callback(lambda _: self._finished(key))
+
+    def _finished(self, key: tuple[str, int]) -> None:
+        self._running.pop(key, None)
+        self._slot_free.set()
+
+    # ----------------------------------------------------------------- heartbeat, refresh
+
+    async def _heartbeat_loop(self) -> None:
+        cfg = self.config
+        last = time.monotonic()
+        while True:
+            wait = last + self._ttl_s * cfg.heartbeat_fraction - time.monotonic()
+            if wait > 0:  # woken early when the dataflow names a new ttl: recompute
+                self._ttl_changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ttl_changed.wait(), wait)
+                continue
+            last = time.monotonic()
+            leases = [LeaseRef(task_id=t, attempt=a) for t, a in self._running]
+            try:
+                reply = await self._dataflow.renew(
+                    RenewRequest(
+                        node_id=cfg.node_id,
+                        pool=cfg.pool,
+                        leases=leases,
+                        versions=self._held(),
+                        stats=self.stats(),
+                    )
+                )
+            except Exception as exc:  # loop boundary: try again next beat
+                log.warning("heartbeat failed node=%s error=%r", cfg.node_id, exc)
+                continue
+            self._set_ttl(reply.lease_ttl_s)
+            self._note_versions(reply.versions)
+            for ref in reply.lost:
+                running = self._running.get((ref.task_id, ref.attempt))
+                if running is not None:
+                    log.warning(
+                        "lease lost task=%s attempt=%d: cancelled", ref.task_id, ref.attempt
+                    )
+                    self.meter.lost += 1
+                    running.runner.cancel()
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await self._versions_changed.wait()
+            self._versions_changed.clear()
+            for name, policy in self.policies.items():
+                want = self._latest.get(name, -1)
+                eager = self.config.policies[name].refresh == "eager"
+                if policy.frozen or not eager or want <= policy.version:
+                    continue
+                try:
+                    if await policy.refresh(self._weights, want):
+                        self.meter.refreshes += 1
+                except Exception as exc:  # loop boundary: retried at the next announcement
+                    log.warning("refresh failed policy=%s want=%d error=%r", name, want, exc)
+
+    # ----------------------------------------------------------------- graceful stop
+
+    async def _drain(self) -> None:
+        """Let running tasks finish within the grace period; hand back the rest."""
+        runners = [r.runner for r in self._running.values()]
+        if runners:
+            log.info("stopping: %d tasks running, grace %.1fs", len(runners), self.config.grace_s)
+            await asyncio.wait(runners, timeout=self.config.grace_s)
+        left = list(self._running.values())
+        for running in left:
+            running.runner.cancel()
+        await asyncio.gather(*(r.runner for r in left), return_exceptions=True)
+        if left:
+            refs = [LeaseRef(task_id=r.task.task_id, attempt=r.task.attempt) for r in left]
+            try:
+                reply = await self._dataflow.release(
+                    ReleaseRequest(node_id=self.config.node_id, leases=refs)
+                )
+                log.info("released leases=%d requeued=%d", len(refs), reply.requeued)
+            except Exception as exc:  # boundary: the leases expire instead
+                log.warning("release failed leases=%d error=%r", len(refs), exc)
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    async def _wait_either(self, event: asyncio.Event) -> None:
+        waiters = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(self._stop.wait())]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    def __repr__(self) -> str:
+        return f"RolloutNode({self.config.node_id!r}, pool={self.config.pool!r})"

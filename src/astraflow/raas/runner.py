@@ -1,0 +1,130 @@
+"""``TaskRunner``: one leased task, from workflow to submitted samples (or a failure report).
+
+    task ─► workflow(task, policies, tools) within task_timeout_s
+             ├─ samples ─► check + stamp (node, pool, attempt, time) ─► dataflow.submit
+             └─ exception / timeout / rejected samples ─► dataflow.fail (re-queued or failed)
+
+Cancellation (lease lost, node stopping) propagates and reports nothing: the dataflow
+re-queues the task when its lease is released or expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from astraflow.errors import LeaseLostError, ValidationError, WorkflowError
+from astraflow.raas.config import NodeConfig
+from astraflow.raas.policy import NodePolicy
+from astraflow.raas.stats import NodeMeter
+from astraflow.records import FailRequest, Sample, SubmitRequest, Task
+from astraflow.workflows.api import Tool, Workflow
+
+__all__ = ["TaskRunner"]
+
+log = logging.getLogger(__name__)
+
+
+class TaskRunner:
+    """Runs leased tasks for one node (each call to ``run`` is one asyncio task)."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        dataflow: Any,
+        policies: Mapping[str, NodePolicy],
+        workflows: Mapping[str, Workflow],
+        tools: Mapping[str, Tool],
+        meter: NodeMeter,
+    ) -> None:
+        self.config = config
+        self._dataflow = dataflow
+        self.policies = policies
+        self.workflows = workflows
+        self.tools = tools
+        self.meter = meter
+
+    async def run(self, task: Task) -> None:
+        """Run ``task`` to a submit or a fail report; only cancellation propagates."""
+        started = time.monotonic()
+        timeout = self.config.task_timeout_s
+        try:
+            workflow = self.workflows.get(task.workflow)
+            if workflow is None:
+                raise WorkflowError(f"node {self.config.node_id} does not run {task.workflow!r}")
+            handles = {name: self.policies[name] for name in workflow.policies}
+            samples = await asyncio.wait_for(workflow(task, handles, self.tools), timeout)
+            samples = self._stamp(task, samples, started)
+        except TimeoutError:
+            await self._fail(task, f"workflow {task.workflow!r} timed out after {timeout}s")
+            return
+        except Exception as exc:  # a task boundary: a bad rollout is data, not a crash
+            log.warning("task failed task=%s attempt=%d error=%r", task.task_id, task.attempt, exc)
+            await self._fail(task, f"{type(exc).__name__}: {exc}")
+            return
+        await self._submit(task, samples, started)
+
+    def _stamp(self, task: Task, samples: Any, started: float) -> list[Sample]:
+        """Check what the workflow returned and add node, pool and timing to each sample."""
+        if not isinstance(samples, list) or not samples:
+            raise WorkflowError(f"workflow {task.workflow!r} returned no samples")
+        out = []
+        for s in samples:
+            if not isinstance(s, Sample):
+                raise WorkflowError(f"workflow {task.workflow!r} returned {type(s).__name__}")
+            if s.task_id != task.task_id or s.policy not in self.policies:
+                raise WorkflowError(
+                    f"workflow {task.workflow!r} returned a sample of task {s.task_id!r} for "
+                    f"policy {s.policy!r} (task {task.task_id!r}, hosted {sorted(self.policies)})"
+                )
+            meta = {
+                **s.meta,
+                "node": self.config.node_id,
+                "pool": self.config.pool,
+                "attempt": task.attempt,
+                "task_s": round(time.monotonic() - started, 4),
+            }
+            out.append(s.model_copy(update={"meta": meta}))
+        return out
+
+    async def _submit(self, task: Task, samples: list[Sample], started: float) -> None:
+        request = SubmitRequest(
+            node_id=self.config.node_id, task_id=task.task_id, attempt=task.attempt, samples=samples
+        )
+        try:
+            reply = await self._dataflow.submit(request)
+        except LeaseLostError as exc:
+            log.info(
+                "submit after lease loss task=%s attempt=%d: %s", task.task_id, task.attempt, exc
+            )
+            return
+        except ValidationError as exc:
+            await self._fail(task, f"samples rejected: {exc}")
+            return
+        except Exception as exc:  # boundary: the lease expires and the task is re-queued
+            log.warning("submit failed task=%s error=%r", task.task_id, exc)
+            return
+        self.meter.task_done(len(samples), time.monotonic() - started)
+        log.debug(
+            "submitted task=%s attempt=%d samples=%d accepted=%s",
+            task.task_id,
+            task.attempt,
+            len(samples),
+            reply.accepted,
+        )
+
+    async def _fail(self, task: Task, error: str) -> None:
+        self.meter.task_failed()
+        request = FailRequest(
+            node_id=self.config.node_id,
+            task_id=task.task_id,
+            attempt=task.attempt,
+            error=error[:4000],
+        )
+        try:
+            await self._dataflow.fail(request)
+        except Exception as exc:  # boundary: the lease expires and the task is re-queued
+            log.warning("fail report failed task=%s error=%r", task.task_id, exc)

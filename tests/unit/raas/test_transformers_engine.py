@@ -1,0 +1,249 @@
+"""The transformers engine with a real tiny model: exact logprobs, batching, stops, errors,
+and weight updates from a real weight store that land between batches, never inside one."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from astraflow.errors import ServiceUnavailableError, ValidationError
+from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
+from astraflow.raas.engines.transformers import TransformersEngine
+from astraflow.weights import WeightClient
+from fixtures.models import tiny_spec
+from fixtures.raas import PolicyStore, recompute_logprobs
+
+
+def _engine(tmp_path: Path, **config: object) -> TransformersEngine:
+    from astraflow.models import build_tokenizer
+
+    spec = tiny_spec()
+    context = EngineContext(
+        policy="p", tokenizer=build_tokenizer(spec), work_dir=tmp_path, model=spec, seed=3
+    )
+    engine = build_engine({"type": "transformers", "device": "cpu", **config}, context)
+    assert isinstance(engine, TransformersEngine)
+    return engine
+
+
+def _prompt(engine: TransformersEngine, text: str) -> tuple[int, ...]:
+    return tuple(engine.context.tokenizer.encode(text))
+
+
+async def test_logprobs_match_a_recomputation_by_the_model(tmp_path: Path) -> None:
+    engine = _engine(tmp_path)
+    try:
+        requests = [
+            GenerationRequest(_prompt(engine, p), max_new_tokens=12, temperature=t, top_k=k)
+            for p, t, k in [("1+2=", 1.0, 0), ("22+1=", 0.6, 5), ("3=", 1.3, 0), ("9", 0.0, 0)]
+        ]
+        outputs = await engine.generate(requests)
+        for request, out in zip(requests, outputs, strict=True):
+            assert out.version == 0 and len(out.token_ids) == len(out.logprobs) >= 1
+            ref = recompute_logprobs(
+                engine.model,
+                request.prompt_ids,
+                out.token_ids.tolist(),
+                request.logprob_temperature,
+            )
+            np.testing.assert_allclose(out.logprobs, ref, atol=2e-5)
+            eos = engine.context.tokenizer.eos_token_id
+            ended_by_eos = int(out.token_ids[-1]) == eos
+            assert out.finish_reason == ("stop" if ended_by_eos else "length")
+            assert ended_by_eos or len(out.token_ids) == 12
+    finally:
+        await engine.close()
+
+
+async def test_seeded_requests_repeat_exactly_alone_or_batched(tmp_path: Path) -> None:
+    engine = _engine(tmp_path)
+    try:
+        seeded = [
+            GenerationRequest(_prompt(engine, "1+1="), max_new_tokens=10, seed=i) for i in range(4)
+        ]
+        together = await engine.generate(seeded)
+        alone = [(await engine.generate([r]))[0] for r in seeded]
+        for a, b in zip(together, alone, strict=True):
+            assert a.token_ids.tolist() == b.token_ids.tolist()
+        assert len({tuple(o.token_ids.tolist()) for o in together}) > 1  # seeds differ
+    finally:
+        await engine.close()
+
+
+async def test_concurrent_calls_are_decoded_as_one_batch(tmp_path: Path) -> None:
+    engine = _engine(tmp_path, batch_wait_ms=50.0, max_batch_size=16)
+    sizes: list[int] = []
+    original = engine._run_batch
+
+    def spy(batch):  # type: ignore[no-untyped-def]
+        sizes.append(len(batch))
+        original(batch)
+
+    engine._run_batch = spy  # type: ignore[method-assign]
+    try:
+        request = GenerationRequest(_prompt(engine, "2+2="), max_new_tokens=4)
+        await asyncio.gather(*(engine.generate([request]) for _ in range(12)))
+        assert sizes == [12]
+        await asyncio.gather(*(engine.generate([request] * 10) for _ in range(2)))
+        assert sizes[1:] == [16, 4]  # max_batch_size caps a batch
+    finally:
+        await engine.close()
+
+
+async def test_stop_strings_end_a_generation_and_stay_in_it(tmp_path: Path) -> None:
+    engine = _engine(tmp_path)
+    tok = engine.context.tokenizer
+    try:
+        free = (
+            await engine.generate(
+                [
+                    GenerationRequest(
+                        _prompt(engine, "1"), max_new_tokens=30, seed=7, temperature=0.0
+                    )
+                ]
+            )
+        )[0]
+        text = tok.decode(free.token_ids.tolist(), skip_special_tokens=True)
+        assert len(text) >= 4, "the greedy continuation must be long enough to cut"
+        stop = text[2:4]
+        cut = (
+            await engine.generate(
+                [
+                    GenerationRequest(
+                        _prompt(engine, "1"), max_new_tokens=30, temperature=0.0, stop=(stop,)
+                    )
+                ]
+            )
+        )[0]
+        cut_text = tok.decode(cut.token_ids.tolist(), skip_special_tokens=True)
+        assert cut.finish_reason == "stop"
+        assert cut_text.endswith(stop) and text.startswith(cut_text)
+    finally:
+        await engine.close()
+
+
+async def test_bad_prompts_fail_only_their_own_request(tmp_path: Path) -> None:
+    engine = _engine(tmp_path, batch_wait_ms=30.0)
+    try:
+        good = GenerationRequest(_prompt(engine, "1+2="), max_new_tokens=3)
+        too_big = GenerationRequest((5, 6, 10_000), max_new_tokens=3)
+        too_long = GenerationRequest((5,) * 128, max_new_tokens=3)  # context is 128
+        results = await asyncio.gather(
+            engine.generate([good]),
+            engine.generate([too_big]),
+            engine.generate([too_long]),
+            engine.generate([GenerationRequest((), max_new_tokens=3)]),
+            return_exceptions=True,
+        )
+        assert isinstance(results[0], list) and len(results[0][0].token_ids) >= 1
+        assert isinstance(results[1], ValidationError) and "10000" in str(results[1])
+        assert isinstance(results[2], ValidationError) and "context" in str(results[2])
+        assert isinstance(results[3], ValidationError) and "empty" in str(results[3])
+        near_end = (await engine.generate([GenerationRequest((5,) * 126, max_new_tokens=50)]))[0]
+        assert len(near_end.token_ids) <= 2 and near_end.finish_reason in ("stop", "length")
+    finally:
+        await engine.close()
+
+
+async def test_closed_engine_refuses_and_fails_pending_requests(tmp_path: Path) -> None:
+    engine = _engine(tmp_path)
+    await engine.close()
+    with pytest.raises(ServiceUnavailableError, match="closed"):
+        await engine.generate([GenerationRequest((5, 6), max_new_tokens=2)])
+
+
+async def test_engine_built_from_store_assets_loads_and_applies_deltas(
+    tmp_path: Path, policy_store: PolicyStore
+) -> None:
+    """No model of its own: architecture from the assets, weights loaded, then a delta pull
+    into the live state dict; outputs are tagged and scored by the right version."""
+    client = WeightClient(policy_store.root)
+    assets = client.fetch_assets("policy", tmp_path / "assets")
+    from transformers import AutoTokenizer
+
+    context = EngineContext(
+        policy="policy",
+        tokenizer=AutoTokenizer.from_pretrained(assets),
+        work_dir=tmp_path / "engine",
+        assets_dir=assets,
+    )
+    engine = build_engine({"type": "transformers", "device": "cpu"}, context)
+    request = GenerationRequest((5, 14, 6, 17), max_new_tokens=8, seed=11)
+    try:
+        assert engine.version == -1
+        with pytest.raises(ServiceUnavailableError, match="no weights"):
+            await engine.generate([request])
+        await engine.load(client.load("policy", 0), 0)
+        first = (await engine.generate([request]))[0]
+        assert first.version == 0
+        policy_store.publish_perturbed(1)
+        await engine.apply(client, "policy", 1)
+        second = (await engine.generate([request]))[0]
+        assert second.version == 1
+        for out, version in ((first, 0), (second, 1)):
+            ref = recompute_logprobs(
+                policy_store.model_at(version), request.prompt_ids, out.token_ids.tolist(), 1.0
+            )
+            np.testing.assert_allclose(out.logprobs, ref, atol=2e-5)
+        state = engine.model.state_dict()  # type: ignore[attr-defined]
+        for name, tensor in policy_store.states[1].items():
+            assert bool((state[name] == tensor).all()), name
+    finally:
+        await engine.close()
+        client.close()
+
+
+async def test_weight_updates_land_between_batches_only(
+    tmp_path: Path, policy_store: PolicyStore
+) -> None:
+    """Generations racing a refresh each come from exactly one version, the one they name."""
+    client = WeightClient(policy_store.root)
+    spec = policy_store.spec
+    context = EngineContext(
+        policy="policy", tokenizer=policy_store.tokenizer, work_dir=tmp_path, model=spec
+    )
+    engine = build_engine({"type": "transformers", "device": "cpu", "batch_wait_ms": 1.0}, context)
+    policy_store.publish_perturbed(1, fraction=0.3)
+    try:
+        await engine.apply(client, "policy", 0)  # from its own init weights: a full copy
+        prompts = [(5, 14, 6 + i % 3, 17) for i in range(24)]
+
+        async def one(i: int):  # type: ignore[no-untyped-def]
+            await asyncio.sleep(0.002 * i)
+            return (await engine.generate([GenerationRequest(prompts[i], max_new_tokens=16)]))[0]
+
+        racing = [asyncio.create_task(one(i)) for i in range(24)]
+        await asyncio.sleep(0.01)
+        await engine.apply(client, "policy", 1)
+        outs = await asyncio.gather(*racing)
+        assert {o.version for o in outs} <= {0, 1} and outs[-1].version == 1
+        models = {v: policy_store.model_at(v) for v in (0, 1)}
+        for prompt, out in zip(prompts, outs, strict=True):
+            ref = recompute_logprobs(models[out.version], prompt, out.token_ids.tolist(), 1.0)
+            np.testing.assert_allclose(out.logprobs, ref, atol=2e-5)
+    finally:
+        await engine.close()
+        client.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not __import__("torch").cuda.is_available(), reason="needs a CUDA device (none here)"
+)
+async def test_cuda_engine_samples_on_the_device_with_exact_logprobs(tmp_path: Path) -> None:
+    engine = _engine(tmp_path, device="cuda")
+    try:
+        prompt = _prompt(engine, "1+2=")
+        seeded = [GenerationRequest(prompt, max_new_tokens=10, seed=i) for i in range(4)]
+        outputs = await engine.generate(seeded)
+        again = await engine.generate(seeded[:1])
+        assert outputs[0].token_ids.tolist() == again[0].token_ids.tolist()
+        cpu_model = engine.model.to("cpu")  # type: ignore[attr-defined]
+        for out in outputs:
+            ref = recompute_logprobs(cpu_model, prompt, out.token_ids.tolist(), 1.0)
+            np.testing.assert_allclose(out.logprobs, ref, atol=1e-4)
+    finally:
+        await engine.close()
