@@ -455,6 +455,121 @@ class AnnounceReply(Record):
     latest: PolicyVersion
 
 
+# --------------------------------------------------------------------------- dataflow report
+
+
+class NodeReport(Record):
+    """One rollout node, as the dataflow service has measured it."""
+
+    node_id: Name
+    pool: Name
+    samples_per_s: float = Field(ge=0)
+    """Samples submitted per second over the report window."""
+    tasks_per_s: float = Field(ge=0)
+    """Tasks completed per second over the report window."""
+    leased: int = Field(ge=0)
+    """Tasks the node holds now."""
+    completed: int = Field(ge=0)
+    failures: int = Field(ge=0)
+    """Tasks the node reported as failed."""
+    lease_expiries: int = Field(ge=0)
+    """Leases of this node that expired (tasks re-queued)."""
+    last_seen_s: float = Field(ge=0)
+    """Seconds since the node last called the service."""
+    stats: NodeStats = Field(default_factory=NodeStats)
+    """What the node last reported about itself."""
+
+
+class PoolReport(Record):
+    """All nodes that report the same pool label."""
+
+    pool: Name
+    nodes: int = Field(ge=0)
+    """Nodes seen within one lease ttl."""
+    samples_per_s: float = Field(ge=0)
+    tasks_per_s: float = Field(ge=0)
+    leased: int = Field(ge=0)
+    """Tasks in flight in this pool."""
+    failures: int = Field(ge=0)
+    lease_expiries: int = Field(ge=0)
+
+
+class PolicyReport(Record):
+    """One policy's buffer."""
+
+    policy: Name
+    latest_version: int | None = None
+    """Latest announced version (None: none yet)."""
+    buffered_samples: int = Field(ge=0)
+    """Samples waiting to be served."""
+    buffered_groups: int = Field(ge=0)
+    served_samples: int = Field(ge=0)
+    """Samples in batches served and not yet acked."""
+    in_flight_samples: int = Field(ge=0)
+    """Samples expected from leased tasks."""
+    max_buffered: int = Field(ge=0)
+    """Backpressure cap on buffered + served + in-flight samples."""
+    stale_dropped_samples: int = Field(ge=0)
+    """Samples dropped because they exceeded max_staleness."""
+    filtered_samples: int = Field(ge=0)
+    """Samples whose group a trajectory filter dropped."""
+    acked_samples: int = Field(ge=0)
+
+
+class TrainerReport(Record):
+    """One trainer, as seen through its take_batch calls."""
+
+    trainer_id: Name
+    policy: Name
+    samples_per_s: float = Field(ge=0)
+    """Samples served to this trainer per second over the report window."""
+    waiting_fraction: float = Field(ge=0, le=1)
+    """Fraction of the window the trainer spent waiting inside take_batch."""
+    version: int = Field(ge=0)
+    """trainer_version of its latest take_batch."""
+    batches: int = Field(ge=0)
+
+
+class TaskQueueReport(Record):
+    """Task counts by state."""
+
+    pending: int = Field(ge=0)
+    """Re-queued tasks waiting for a node."""
+    leased: int = Field(ge=0)
+    done: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    exhausted: bool = False
+    """Every source has used up its epochs and no task is open."""
+
+
+class PoolTarget(Record):
+    """The rollout-pool size the dead-band rule on trainer waiting asks for."""
+
+    current_nodes: int = Field(ge=0)
+    target_nodes: int = Field(ge=0)
+    waiting_fraction: float | None = None
+    """Highest waiting fraction among active trainers (None: no trainer activity)."""
+    band: tuple[float, float]
+    reason: str
+
+
+class DataflowReport(Record):
+    """``GET /v1/report``: what autoscalers and dashboards read (also as Prometheus gauges)."""
+
+    time: float
+    uptime_s: float = Field(ge=0)
+    window_s: float = Field(gt=0)
+    """Rates and fractions are measured over this trailing window."""
+    tasks: TaskQueueReport
+    pools: dict[str, PoolReport] = Field(default_factory=dict)
+    nodes: dict[str, NodeReport] = Field(default_factory=dict)
+    policies: dict[str, PolicyReport] = Field(default_factory=dict)
+    trainers: dict[str, TrainerReport] = Field(default_factory=dict)
+    target: PoolTarget
+    plugins: dict[str, dict[str, float]] = Field(default_factory=dict)
+    """Each plug-in's ``metrics()`` by its place (``selector``, ``filter.0``, ``sampler``)."""
+
+
 # --------------------------------------------------------------------------- wire codec
 
 RecordT = TypeVar("RecordT", bound=BaseModel)
@@ -524,6 +639,8 @@ def wire_schemas() -> Mapping[str, dict[str, Any]]:
         Task, LeaseRef, Sample, PolicyVersion, NodeStats, LeaseRequest, LeaseReply,
         RenewRequest, RenewReply, SubmitRequest, SubmitReply, FailRequest, FailReply,
         ReleaseRequest, ReleaseReply, TakeBatchRequest, Batch, AckRequest, AnnounceReply,
+        NodeReport, PoolReport, PolicyReport, TrainerReport, TaskQueueReport, PoolTarget,
+        DataflowReport,
     ]  # fmt: skip
     return {m.__name__: m.model_json_schema(mode="validation") for m in models}
 

@@ -1,0 +1,110 @@
+"""Runs a ``DataflowService`` under asyncio: one writer thread, long-poll takes, a sweeper.
+
+    handler ──await call(fn, req)──► [writer thread] service.fn(req) ──► reply
+    take:    loop { ev = event[policy]; batch = call(take); if batch: return it;
+                    wait(ev, remaining) or time out → None }
+    sweeper: every interval until stopped: call(sweep)  (lease and batch expiry)
+
+Every SQLite access happens on the writer thread, so the event loop never blocks on it; a
+buffer change (submit, re-buffered batch) sets the policy's event and wakes its long-polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from astraflow.dataflow.service import DataflowService, TakenBatch
+from astraflow.records import TakeBatchRequest
+
+__all__ = ["ServiceRuntime"]
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+class ServiceRuntime:
+    """The service's asyncio adapter (start in the app's lifespan, stop on shutdown)."""
+
+    def __init__(self, service: DataflowService) -> None:
+        self.service = service
+        self.max_take_timeout_s = service.config.limits.max_take_timeout_s
+        self.sweep_interval_s = min(0.5, service.config.lease.ttl_s / 4)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataflow-writer")
+        self._events: dict[str, asyncio.Event] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Hook buffer changes to this loop and start the sweeper."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stop = asyncio.Event()
+
+        def wake(policy: str) -> None:  # called on the writer thread
+            loop.call_soon_threadsafe(self._wake, policy)
+
+        self.service.on_buffer_change = wake
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="dataflow-sweeper")
+
+    async def stop(self) -> None:
+        """Stop the sweeper and wait for the writer thread to finish its work."""
+        if self._stop is not None:
+            self._stop.set()
+        if self._sweeper is not None:
+            await self._sweeper
+        self.service.on_buffer_change = None
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
+
+    async def call(self, fn: Callable[..., R], *args: object) -> R:
+        """Run a service method on the writer thread."""
+        loop = self._loop or asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, fn, *args)
+
+    def _event(self, policy: str) -> asyncio.Event:
+        ev = self._events.get(policy)
+        if ev is None:
+            ev = self._events[policy] = asyncio.Event()
+        return ev
+
+    def _wake(self, policy: str) -> None:
+        ev = self._events.pop(policy, None)
+        if ev is not None:
+            ev.set()
+
+    async def take_batch(self, req: TakeBatchRequest) -> TakenBatch | None:
+        """Long-poll: a batch as soon as one qualifies, or None after the timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(req.timeout_s, self.max_take_timeout_s)
+        s = self.service
+        handle = await self.call(s.wait_started, req.trainer_id, req.policy)
+        try:
+            while True:
+                ev = self._event(req.policy)  # taken before trying: no wake-up is lost
+                got = await self.call(s.take_batch, req)
+                remaining = deadline - loop.time()
+                if got is not None or remaining <= 0:
+                    return got
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ev.wait(), remaining)
+        finally:
+            with contextlib.suppress(RuntimeError):  # the writer is gone when shutting down
+                await self.call(s.wait_ended, req.trainer_id, req.policy, handle)
+
+    async def _sweep_loop(self) -> None:
+        assert self._stop is not None
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.sweep_interval_s)
+            if self._stop.is_set():
+                return
+            try:
+                await self.call(self.service.sweep)
+            except Exception:  # the sweeper must outlive one bad sweep; it is logged
+                log.exception("sweep failed")

@@ -1,0 +1,93 @@
+"""Serve the dataflow service over HTTP with uvicorn (``astraflow dataflow serve``).
+
+serve(config): write run_dir/dataflow.config.json → open the state → listen until SIGTERM
+ThreadedServer: the same app on a background thread (tests, benchmarks, embedding)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Self
+
+import uvicorn
+from starlette.applications import Starlette
+
+from astraflow.config import dump_config
+from astraflow.dataflow.app import create_app
+from astraflow.dataflow.config import DataflowConfig
+from astraflow.dataflow.service import DataflowService
+from astraflow.errors import ServiceUnavailableError
+
+__all__ = ["ThreadedServer", "build_app", "serve"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds a stopping server gives open requests (long-polls) before closing them.
+GRACEFUL_SHUTDOWN_S = 2
+
+
+def build_app(config: DataflowConfig, *, datasets: Mapping[str, Any] | None = None) -> Starlette:
+    """Open the run directory's state and wrap it in the ``/v1`` app (which owns it)."""
+    return create_app(DataflowService(config, datasets=datasets), owns_service=True)
+
+
+def _uvicorn_config(app: Starlette, host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+
+
+def serve(config: DataflowConfig) -> None:
+    """Run the service in this process until it is stopped (SIGINT / SIGTERM)."""
+    config.run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(config, config.run_dir / "dataflow.config.json")
+    app = build_app(config)
+    log.info("dataflow serving url=http://%s:%d run_dir=%s", config.host, config.port,
+             config.run_dir)  # fmt: skip
+    uvicorn.Server(_uvicorn_config(app, config.host, config.port)).run()
+
+
+class ThreadedServer:
+    """An app served by uvicorn on a background thread; ``url`` is valid after ``start``."""
+
+    def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.server = uvicorn.Server(_uvicorn_config(app, host, port))
+        self.host = host
+        self.url = ""
+        self._thread = threading.Thread(target=self.server.run, name="dataflow-server", daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        """Start serving; returns the base URL once the socket listens."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise ServiceUnavailableError("the dataflow server did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{self.host}:{port}"
+        return self.url
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop serving and wait for the thread (the app closes its state on shutdown)."""
+        self.server.should_exit = True
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

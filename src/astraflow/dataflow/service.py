@@ -1,0 +1,408 @@
+"""``DataflowService``: every rule of the dataflow service, no HTTP (testable without a server).
+
+Each public method is one atomic change: it validates its input first (a bad request changes
+nothing), then writes through the store in one transaction that is committed before it
+returns. Memory mirrors the store; if a transaction fails, memory is reloaded from it.
+
+    lease ──► admission / backpressure / throttle (regulation) ──► TaskQueue.lease
+    submit ─► validate ─► TaskQueue.accept ─► filters ─► Buffers.add ─► selector.feedback
+    take ───► Buffers.take (staleness bound, sampler)      ack ──► Buffers.ack
+    announce ► versions                                     sweep ► lease / batch expiry
+
+Methods are thread-safe (one lock); the HTTP layer runs them on one writer thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from astraflow.data_algorithms import FILTERS, SAMPLERS, SELECTORS
+from astraflow.data_algorithms.protocols import BatchQuery, GroupResult
+from astraflow.dataflow import regulation
+from astraflow.dataflow.buffers import Buffers
+from astraflow.dataflow.config import DataflowConfig
+from astraflow.dataflow.report import Telemetry, build_report
+from astraflow.dataflow.sources import Catalog, load_source
+from astraflow.dataflow.store import Store
+from astraflow.dataflow.tasks import TaskQueue
+from astraflow.errors import ConflictError, NotFoundError, ValidationError
+from astraflow.plugins import PluginSpec
+from astraflow.records import (
+    AckRequest,
+    AnnounceReply,
+    DataflowReport,
+    FailReply,
+    FailRequest,
+    LeaseReply,
+    LeaseRequest,
+    PolicyVersion,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewReply,
+    RenewRequest,
+    SubmitReply,
+    SubmitRequest,
+    TakeBatchRequest,
+    TaskQueueReport,
+    groups_of,
+)
+
+__all__ = ["DataflowService", "TakenBatch"]
+
+log = logging.getLogger(__name__)
+
+TakenBatch = tuple[str, bytes, int]
+"""(batch_id, msgpack of ``records.Batch``, number of samples)."""
+
+
+def _spec_name(spec: PluginSpec | str) -> str:
+    return spec if isinstance(spec, str) else spec.type
+
+
+class DataflowService:
+    """Task queue, buffers, versions and report of one run directory."""
+
+    def __init__(
+        self,
+        config: DataflowConfig,
+        *,
+        datasets: Mapping[str, Any] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self._lock = threading.RLock()
+        self.on_buffer_change: Callable[[str], None] | None = None
+        """Called with a policy after a change that may make a batch available."""
+        datasets = dict(datasets or {})
+        self.catalog = Catalog(
+            [
+                load_source(s, dataset=datasets.pop(s.name, None), seed=config.seed)
+                for s in config.sources
+            ]
+        )
+        if datasets:
+            raise NotFoundError(f"datasets given for unknown sources: {sorted(datasets)}")
+        self.selector = SELECTORS.build(config.selector, seed=config.seed)
+        self.filters = [FILTERS.build(f, seed=config.seed) for f in config.filters]
+        self.sampler = SAMPLERS.build(config.sampler, seed=config.seed)
+        self.plugins: dict[str, tuple[str, Any]] = {
+            "selector": (_spec_name(config.selector), self.selector)
+        }
+        for i, (spec, f) in enumerate(zip(config.filters, self.filters, strict=True)):
+            self.plugins[f"filter.{i}"] = (_spec_name(spec), f)
+        self.plugins["sampler"] = (_spec_name(config.sampler), self.sampler)
+        self.selector.select(self.catalog, 0)  # lets the selector check the catalogue
+        self.store = Store(config.db_path)
+        self.telemetry = Telemetry(config.report, clock)
+        self._saved: dict[str, str] = {}
+        self._last_sweep = 0.0
+        try:
+            self._load()
+        except BaseException:
+            self.store.close()
+            raise
+        log.info("dataflow state loaded run_dir=%s open_tasks=%d buffered_groups=%d",
+                 config.run_dir, len(self.queue.open),
+                 sum(len(v) for v in self.buffers.live.values()))  # fmt: skip
+
+    def _load(self) -> None:
+        for where, (name, plugin) in self.plugins.items():
+            saved = self.store.get_meta(f"plugin.{where}")
+            if saved is None:
+                continue
+            if saved.get("type") != name:
+                log.warning("plug-in changed, its saved state is ignored where=%s was=%s now=%s",
+                            where, saved.get("type"), name)  # fmt: skip
+                continue
+            plugin.load_state_dict(saved["state"])
+            self._saved[where] = json.dumps(saved["state"], sort_keys=True)
+        self.queue = TaskQueue(self.store, self.catalog, self.selector, self.config.lease)
+        self.buffers = Buffers(self.store, self.config.policies, self.sampler)
+        self.latest: dict[str, PolicyVersion] = {
+            p: PolicyVersion(policy=p, version=v, manifest=m, created_at=t)
+            for p, (v, m, t) in self.store.latest_versions().items()
+        }
+
+    def close(self) -> None:
+        """Close the database (everything acknowledged is already committed)."""
+        with self._lock:
+            self.store.close()
+
+    @contextmanager
+    def _change(self) -> Iterator[None]:
+        """One atomic change; on failure, roll back and reload memory from the store."""
+        with self._lock:
+            try:
+                with self.store.transaction():
+                    yield
+                    self._save_plugins()
+            except BaseException:
+                self._reload()
+                raise
+
+    def _reload(self) -> None:
+        log.warning("transaction failed; reloading state from the store")
+        self._saved.clear()
+        self._load()
+
+    def _save_plugins(self) -> None:
+        for where, (name, plugin) in self.plugins.items():
+            state = plugin.state_dict()
+            text = json.dumps(state, sort_keys=True)
+            if self._saved.get(where) != text:
+                self.store.set_meta(f"plugin.{where}", {"type": name, "state": state})
+                self._saved[where] = text
+
+    def _notify(self, policies: set[str]) -> None:
+        if self.on_buffer_change is not None:
+            for p in policies:
+                self.on_buffer_change(p)
+
+    # ------------------------------------------------------------------ expiry
+
+    def sweep(self, *, force: bool = False) -> None:
+        """Expire overdue leases (re-queue, attempt + 1) and un-acked batches (re-buffer)."""
+        now = self.clock()
+        interval = min(0.5, self.config.lease.ttl_s / 4)
+        if not force and now - self._last_sweep < interval:
+            return
+        with self._change():
+            self._last_sweep = now
+            for ot in self.queue.expired(now):
+                node, pool = ot.row.node_id or "", ot.row.pool or "default"
+                self.queue.requeue(ot, now)
+                self.telemetry.book(node, pool).lease_expiries += 1
+                log.info("lease expired task=%s node=%s attempt=%d", ot.row.task_id, node,
+                         ot.row.attempt)  # fmt: skip
+            changed = self.buffers.expire(now)
+        self._notify(changed)
+
+    # ------------------------------------------------------------------ node side
+
+    def lease(self, req: LeaseRequest) -> LeaseReply:
+        """Grant up to ``req.capacity`` tasks the node can run (maybe none, with the reason)."""
+        self.sweep()
+        with self._lock:
+            self.telemetry.node(req.node_id, req.pool, req.stats)
+            sources = [s for s in self.config.sources if s.workflow in req.workflows]
+            needed = {p for s in sources for p in s.policies}
+            refresh = regulation.admission(
+                sorted(needed), req.versions, {p: v.version for p, v in self.latest.items()},
+                {p: c.max_staleness for p, c in self.config.policies.items()},
+            )  # fmt: skip
+            occupied = {p: self._occupied(p) for p in needed}
+            caps, full = regulation.source_caps(sources, self.config.policies, occupied, refresh)
+            held = self.queue.held(req.node_id)
+            allowance = regulation.lease_allowance(
+                self.telemetry.node_rate(req.node_id), self.config.regulation
+            )
+            decision = regulation.LeaseDecision(
+                capacity=req.capacity, workflows=req.workflows, runnable=bool(sources),
+                refresh=refresh, full=full, held=held, allowance=allowance,
+                want=regulation.lease_grant(req.capacity, held, allowance),
+            )  # fmt: skip
+            tasks = []
+            if decision.want and caps:
+                with self._change():
+                    tasks = self.queue.lease(req.node_id, req.pool, decision.want, caps,
+                                             self.clock())  # fmt: skip
+            reason = decision.reason(len(tasks), self.queue.exhausted())
+        return LeaseReply(
+            tasks=tasks,
+            lease_ttl_s=self.config.lease.ttl_s,
+            versions=dict(self.latest),
+            refresh=refresh,
+            reason=reason,
+            retry_after_s=0.0 if tasks else self.config.lease.retry_after_s,
+        )
+
+    def _occupied(self, policy: str) -> int:
+        buffered, _, served = self.buffers.samples(policy)
+        return buffered + served + self.queue.in_flight[policy]
+
+    def renew(self, req: RenewRequest) -> RenewReply:
+        """Extend the node's leases; report the ones it lost."""
+        self.sweep()
+        with self._change():
+            self.telemetry.node(req.node_id, req.pool, req.stats)
+            lost = self.queue.renew(req.node_id, req.leases, self.clock())
+        return RenewReply(
+            lease_ttl_s=self.config.lease.ttl_s, lost=lost, versions=dict(self.latest)
+        )
+
+    def _validate(self, req: SubmitRequest) -> None:
+        for i, s in enumerate(req.samples):
+            cfg = self.config.policies.get(s.policy)
+            if cfg is None:
+                raise ValidationError(
+                    f"samples[{i}].policy: unknown policy {s.policy!r}; declared: "
+                    f"{', '.join(sorted(self.config.policies))}",
+                    field=f"samples.{i}.policy",
+                )
+            if s.task_id != req.task_id:
+                raise ValidationError(
+                    f"samples[{i}].task_id is {s.task_id!r}, the submission is for {req.task_id!r}",
+                    field=f"samples.{i}.task_id",
+                )
+            try:
+                s.check_vocab(cfg.vocab_size)
+            except ValidationError as exc:
+                raise ValidationError(
+                    f"samples[{i}]: {exc}", field=f"samples.{i}.token_ids"
+                ) from exc
+
+    def submit(self, req: SubmitRequest) -> SubmitReply:
+        """Store a task's trajectories once (idempotent on ``(task_id, attempt)``)."""
+        self._validate(req)
+        with self._lock:
+            prior = self.store.get_submission(req.task_id, req.attempt)
+            if prior is not None:
+                first = SubmitReply.model_validate_json(prior)
+                return first.model_copy(update={"accepted": False, "duplicate": True})
+            ot = self.queue.accept(req.node_id, req.task_id, req.attempt)
+            pool = self.telemetry.pool_of(req.node_id) or ot.row.pool or "default"
+            now = self.clock()
+            kept: dict[str, int] = {}
+            dropped: dict[str, str] = {}
+            with self._change():
+                for (policy, _), group in groups_of(req.samples).items():
+                    reason = next((r for f in self.filters if (r := f.check(policy, group))), None)
+                    if reason is None:
+                        self.buffers.add(policy, group, ot.source.name, now)
+                        kept[policy] = kept.get(policy, 0) + len(group)
+                    else:
+                        dropped[policy] = reason
+                        self.buffers.count("filtered", policy, len(group))
+                    self.selector.feedback(GroupResult(
+                        source=ot.source.name, row_id=str(ot.task.meta.get("row_id", "")),
+                        epoch=int(ot.task.meta.get("epoch", 0)), task_id=req.task_id,
+                        policy=policy, rewards=tuple(s.reward for s in group),
+                        kept=reason is None, reason=reason or "",
+                    ))  # fmt: skip
+                self.queue.complete(ot)
+                reply = SubmitReply(accepted=True, kept=kept, dropped=dropped)
+                self.store.insert_submission(req.task_id, req.attempt, reply.model_dump_json())
+            self.telemetry.completed(req.node_id, pool, len(req.samples))
+        self._notify(set(kept))
+        return reply
+
+    def fail(self, req: FailRequest) -> FailReply:
+        """Count a failed attempt: re-queue it, or fail the task after ``max_attempts``."""
+        with self._lock:
+            ot = self.queue.current(req.node_id, req.task_id, req.attempt)  # checked first
+            pool = ot.row.pool or "default"
+            with self._change():
+                requeued = self.queue.fail(ot, req.error, req.retryable, self.clock())
+            self.telemetry.node(req.node_id, pool).failures += 1
+        log.info("task failed task=%s attempt=%d node=%s requeued=%s error=%s",
+                 req.task_id, req.attempt, req.node_id, requeued, req.error[:200])  # fmt: skip
+        return FailReply(requeued=requeued, failed=not requeued)
+
+    def release(self, req: ReleaseRequest) -> ReleaseReply:
+        """Re-queue leases a stopping node hands back."""
+        with self._change():
+            n = self.queue.release(req.node_id, req.leases, self.clock())
+        return ReleaseReply(requeued=n)
+
+    # ------------------------------------------------------------------ trainer side
+
+    def _policy(self, policy: str) -> None:
+        if policy not in self.config.policies:
+            raise NotFoundError(
+                f"unknown policy {policy!r}; declared: {', '.join(sorted(self.config.policies))}",
+                field="policy",
+            )
+
+    def take_batch(self, req: TakeBatchRequest) -> TakenBatch | None:
+        """A batch of whole groups for the trainer now, or None (the caller long-polls)."""
+        self._policy(req.policy)
+        self.sweep()
+        query = BatchQuery(req.policy, req.trainer_id, req.trainer_version, req.min_samples,
+                           req.max_samples)  # fmt: skip
+        with self._change():
+            taken = self.buffers.take(query, self.clock())
+        if taken is None:
+            return None
+        row, data, n = taken
+        with self._lock:
+            self.telemetry.served(req.trainer_id, req.policy, n, req.trainer_version)
+        return row.batch_id, data, n
+
+    def ack(self, req: AckRequest) -> None:
+        """The trainer committed its step on the batch: never serve its groups again."""
+        with self._lock:
+            batch = self.buffers.find(req.batch_id)  # checked first: unknown ids change nothing
+            with self._change():
+                self.buffers.ack(batch, self.clock())
+
+    def announce(self, pv: PolicyVersion) -> AnnounceReply:
+        """Record a policy's new latest version (idempotent for the same version and manifest)."""
+        self._policy(pv.policy)
+        with self._lock:
+            latest = self.latest.get(pv.policy)
+            if latest is not None and (pv.version, pv.manifest) == (
+                latest.version,
+                latest.manifest,
+            ):
+                return AnnounceReply(latest=latest)
+            if latest is not None and pv.version <= latest.version:
+                raise ConflictError(
+                    f"policy {pv.policy!r} is already at version {latest.version} "
+                    f"(manifest {latest.manifest!r}); cannot announce version {pv.version} "
+                    f"with manifest {pv.manifest!r}",
+                    field="version",
+                )
+            with self._change():
+                self.store.insert_version(pv.policy, pv.version, pv.manifest, pv.created_at)
+            self.latest[pv.policy] = pv
+        log.info("version announced policy=%s version=%d", pv.policy, pv.version)
+        return AnnounceReply(latest=pv)
+
+    def versions(self) -> dict[str, PolicyVersion]:
+        """Latest announced version per policy."""
+        with self._lock:
+            return dict(self.latest)
+
+    # ------------------------------------------------------------------ observability
+
+    def wait_started(self, trainer_id: str, policy: str) -> int:
+        """A take_batch call began waiting; returns a handle for :meth:`wait_ended`."""
+        with self._lock:
+            return self.telemetry.trainer(trainer_id, policy).waits.start(self.clock())
+
+    def wait_ended(self, trainer_id: str, policy: str, handle: int) -> None:
+        """The take_batch call ``handle`` returned."""
+        with self._lock:
+            self.telemetry.trainer(trainer_id, policy).waits.end(handle, self.clock())
+
+    def report(self) -> DataflowReport:
+        """The pool report (one snapshot; ``/metrics`` renders the same)."""
+        with self._lock:
+            policies = {
+                p: self.buffers.report(p, self.latest.get(p), self.queue.in_flight[p])
+                for p in self.config.policies
+            }
+            tasks = TaskQueueReport(**self.queue.counts(), exhausted=self.queue.exhausted())
+            plugins = {where: plugin.metrics() for where, (_, plugin) in self.plugins.items()}
+            return build_report(
+                self.telemetry, tasks, self.queue.leased_per_node(), policies, plugins,
+                self.config.lease.ttl_s,
+            )  # fmt: skip
+
+    def health(self) -> dict[str, Any]:
+        """Liveness and a few counts."""
+        with self._lock:
+            return {
+                "status": "ok",
+                "wire": "v1",
+                "uptime_s": round(self.clock() - self.telemetry.started, 3),
+                "policies": sorted(self.config.policies),
+                "tasks": self.queue.counts(),
+            }

@@ -1,0 +1,224 @@
+"""The dataflow service over real HTTP on loopback: the node and trainer round trips."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from astraflow.dataflow.client import AsyncDataflowClient, DataflowClient
+from astraflow.errors import LeaseLostError, NotFoundError, ServiceUnavailableError
+from astraflow.records import (
+    AckRequest,
+    LeaseRef,
+    LeaseRequest,
+    PolicyVersion,
+    RenewRequest,
+    SubmitRequest,
+    TakeBatchRequest,
+    Task,
+)
+from fixtures.dataflow import make_config, make_group
+
+Factory = Callable[..., str]
+
+
+def lease(c: DataflowClient, node: str = "n1", capacity: int = 2, **kw: Any) -> list[Task]:
+    return c.lease(LeaseRequest(node_id=node, capacity=capacity, workflows=["rlvr"], **kw)).tasks
+
+
+def submit(c: DataflowClient, task: Task, node: str = "n1", **kw: Any) -> Any:
+    samples = make_group(task, **kw)
+    return c.submit(
+        SubmitRequest(node_id=node, task_id=task.task_id, attempt=task.attempt, samples=samples)
+    )
+
+
+def take(c: DataflowClient, version: int = 0, timeout_s: float = 0.0, **kw: Any) -> Any:
+    kw.setdefault("min_samples", 2)
+    req = TakeBatchRequest(policy="solver", trainer_version=version, timeout_s=timeout_s, **kw)
+    return c.take_batch(req)
+
+
+def test_lease_submit_take_ack_round_trip(dataflow_server: str) -> None:
+    with DataflowClient(dataflow_server) as c:
+        assert c.health()["status"] == "ok"
+        tasks = lease(c)
+        assert len(tasks) == 2
+        reply = submit(c, tasks[0], rewards=(0.25, 0.75))
+        assert reply.accepted and reply.kept == {"solver": 2}
+        batch = take(c)
+        assert batch is not None and batch.num_groups == 1
+        assert [s.reward for s in batch.samples] == [0.25, 0.75]
+        assert batch.samples[0].token_ids.dtype.name == "int32"
+        c.ack(AckRequest(batch_id=batch.batch_id))
+        assert take(c) is None  # 204: nothing left
+        report = c.report()
+        assert report.policies["solver"].acked_samples == 2
+        assert report.trainers["trainer"].batches == 1
+        assert report.nodes["n1"].completed == 1
+
+
+def test_lease_expiry_requeues_over_http(tmp_path: Path, dataflow_factory: Factory) -> None:
+    url = dataflow_factory(make_config(tmp_path / "df", lease={"ttl_s": 0.4}))
+    with DataflowClient(url) as c:
+        (task,) = lease(c, capacity=1)
+        time.sleep(0.3)
+        ref = LeaseRef(task_id=task.task_id, attempt=0)
+        assert c.renew(RenewRequest(node_id="n1", leases=[ref])).lost == []
+        time.sleep(0.3)  # renewed: still live
+        assert lease(c, node="n2", capacity=1)[0].task_id != task.task_id
+        time.sleep(0.8)  # the node vanished: its leases expire (the sweeper runs unasked)
+        assert c.report().tasks.pending >= 1
+        retried = [t for t in lease(c, node="n3", capacity=4) if t.task_id == task.task_id]
+        assert retried and retried[0].attempt == 1
+        with pytest.raises(LeaseLostError):
+            submit(c, retried[0], node="n1")  # not n1's lease
+        assert submit(c, task, node="n1").accepted  # superseded, but nobody completed it
+        assert c.report().nodes["n1"].lease_expiries == 1
+
+
+def test_duplicate_submit_over_http(dataflow_server: str) -> None:
+    with DataflowClient(dataflow_server) as c:
+        (task,) = lease(c, capacity=1)
+        assert submit(c, task).accepted
+        dup = submit(c, task)
+        assert dup.duplicate and not dup.accepted
+        assert c.report().policies["solver"].buffered_samples == 2
+
+
+def test_unacked_batch_is_served_again(tmp_path: Path, dataflow_factory: Factory) -> None:
+    config = make_config(
+        tmp_path / "df", policies={"solver": {"vocab_size": 64, "ack_timeout_s": 0.3}}
+    )
+    with DataflowClient(dataflow_factory(config)) as c:
+        (task,) = lease(c, capacity=1)
+        submit(c, task)
+        first = take(c)
+        assert first is not None and first.ack_deadline_s == 0.3
+        again = take(c, timeout_s=5.0)  # long-poll: woken when the batch expires
+        assert again is not None and again.batch_id != first.batch_id
+        assert [s.task_id for s in again.samples] == [s.task_id for s in first.samples]
+        c.ack(AckRequest(batch_id=again.batch_id))
+        assert take(c, timeout_s=0.5) is None  # acked: never again
+
+
+def test_staleness_bound_and_admission(dataflow_server: str) -> None:
+    with DataflowClient(dataflow_server) as c:
+        old, new = lease(c, capacity=2)
+        submit(c, old, version=0)
+        submit(c, new, version=2)
+        c.announce(PolicyVersion(policy="solver", version=3, manifest="solver/v3/manifest.json"))
+        batch = take(c, version=3, max_samples=8)
+        assert batch is not None
+        assert all(s.staleness(3) <= 1 for s in batch.samples)
+        assert {s.task_id for s in batch.samples} == {new.task_id}
+        assert c.report().policies["solver"].stale_dropped_samples == 2
+        reply = c.lease(
+            LeaseRequest(node_id="n1", capacity=2, workflows=["rlvr"], versions={"solver": 1})
+        )
+        assert reply.tasks == [] and "refresh" in reply.reason and "solver" in reply.refresh
+        assert c.versions()["solver"].version == 3
+
+
+def test_backpressure_over_http(tmp_path: Path, dataflow_factory: Factory) -> None:
+    config = make_config(
+        tmp_path / "df", policies={"solver": {"vocab_size": 64, "max_buffered": 4}}
+    )
+    with DataflowClient(dataflow_factory(config)) as c:
+        tasks = lease(c, capacity=8)
+        assert len(tasks) == 2
+        full = c.lease(LeaseRequest(node_id="n2", capacity=8, workflows=["rlvr"]))
+        assert full.tasks == [] and full.reason.startswith("backpressure")
+        assert full.retry_after_s > 0
+        for t in tasks:
+            submit(c, t)
+        batch = take(c, max_samples=4)
+        c.ack(AckRequest(batch_id=batch.batch_id))
+        assert len(lease(c, node="n2", capacity=8)) == 2  # grows back
+
+
+def test_long_poll_wakes_on_submit(dataflow_server: str) -> None:
+    with DataflowClient(dataflow_server) as c:
+        (task,) = lease(c, capacity=1)
+        other = DataflowClient(dataflow_server)
+        timer = threading.Timer(0.3, lambda: submit(other, task))
+        started = time.monotonic()
+        timer.start()
+        batch = take(c, timeout_s=10.0)
+        waited = time.monotonic() - started
+        timer.join()
+        other.close()
+        assert batch is not None and 0.25 < waited < 5.0
+        assert c.report().trainers["trainer"].waiting_fraction > 0
+
+
+async def test_async_client(dataflow_server: str) -> None:
+    async with AsyncDataflowClient(dataflow_server) as c:
+        assert (await c.health())["status"] == "ok"
+        reply = await c.lease(LeaseRequest(node_id="a1", capacity=3, workflows=["rlvr"]))
+        subs = [
+            c.submit(
+                SubmitRequest(node_id="a1", task_id=t.task_id, attempt=0, samples=make_group(t))
+            )
+            for t in reply.tasks
+        ]
+        assert all(r.accepted for r in await asyncio.gather(*subs))
+        batch = await c.take_batch(
+            TakeBatchRequest(policy="solver", trainer_version=0, min_samples=6, max_samples=6)
+        )
+        assert batch is not None and batch.num_groups == 3
+        await c.ack(AckRequest(batch_id=batch.batch_id))
+        with pytest.raises(NotFoundError, match="unknown batch"):
+            await c.ack(AckRequest(batch_id="missing"))
+        assert (await c.versions()) == {}
+        assert (await c.report()).policies["solver"].acked_samples == 6
+
+
+def test_client_gives_up_on_a_dead_service() -> None:
+    c = DataflowClient("http://127.0.0.1:9", retries=1, timeout_s=0.5)
+    with pytest.raises(ServiceUnavailableError, match="after 2 tries"):
+        c.health()
+
+
+def test_filter_plugin_through_the_server(tmp_path: Path, dataflow_factory: Factory) -> None:
+    config = make_config(tmp_path / "df", filters=["dynamic_sampling"], selector="sequential")
+    with DataflowClient(dataflow_factory(config)) as c:
+        a, b = lease(c, capacity=2)
+        assert a.task_id == "arith/q0@e0"  # sequential selector
+        dropped = submit(c, a, rewards=(1.0, 1.0))
+        assert dropped.accepted and dropped.kept == {}
+        assert dropped.dropped["solver"].startswith("zero_variance")
+        assert submit(c, b, rewards=(0.0, 1.0)).kept == {"solver": 2}
+        report = c.report()
+        assert report.policies["solver"].filtered_samples == 2
+        assert report.policies["solver"].buffered_samples == 2
+        assert report.plugins["filter.0"]["dropped"] == 1
+
+
+def test_metrics_match_the_report(dataflow_server: str) -> None:
+    with DataflowClient(dataflow_server) as c:
+        (task,) = lease(c, capacity=1)
+        submit(c, task)
+        text = httpx.get(dataflow_server + "/metrics").text
+    values = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+    assert values[("astraflow_dataflow_policy_buffered_samples", (("policy", "solver"),))] == 2
+    assert values[("astraflow_dataflow_tasks", (("state", "done"),))] == 1
+    assert values[("astraflow_dataflow_node_leased", (("node", "n1"),))] == 0
+    assert ("astraflow_dataflow_target_nodes", ()) in values
+
+
+def test_unknown_route_is_json_404(dataflow_server: str) -> None:
+    r = httpx.post(dataflow_server + "/v1/nope", json={})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
