@@ -1,0 +1,298 @@
+"""The trainer loop: take → loss → step → publish → announce → ack, and nothing else.
+
+    ┌─► rank 0: take_batch(policy, trainer_version=v) ──(None: poll again)──┐
+    │   broadcast the batch (msgpack bytes) to every rank                   │
+    │   all ranks: loss → backward → optimizer step        (step.py)        │
+    │   all ranks: gather full state dict → rank 0: publish(v+1) → Future   │
+    │   all ranks: checkpoint v+1 if due (overlaps the publish's write)     │
+    │   rank 0: Future done → announce(v+1) → ack(batch)                    │
+    └──────────────────────── v = v+1; metrics ◄────────────────────────────┘
+
+Start-up and resume (version 0, reconciling with the store) are in :meth:`Trainer.start`;
+the state itself in runtime.py. Versions only grow: a resumed trainer whose checkpoint is
+older than the store's latest version continues after that version (see docs/interfaces.md §3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Final
+
+from astraflow.config import dump_config
+from astraflow.errors import ConflictError, NotFoundError, ValidationError
+from astraflow.records import AckRequest, Batch, PolicyVersion, TakeBatchRequest, pack, unpack
+from astraflow.trainer.backends.base import TrainBackend, build_backend
+from astraflow.trainer.config import TrainerConfig
+from astraflow.trainer.io import BatchSource, WeightSink, connect, publish_assets, retrying
+from astraflow.trainer.metrics import MetricsSink, build_sinks
+from astraflow.trainer.runtime import Runtime, build_runtime
+
+__all__ = ["Trainer"]
+
+log = logging.getLogger(__name__)
+
+_STOP: Final = b"S"
+_NONE: Final = b"N"
+_BATCH: Final = b"B"
+#: Longest single long-poll, so a stop request is seen within a few seconds.
+_POLL_S: Final = 5.0
+
+
+class Trainer:
+    """One policy's trainer; every rank builds one, rank 0 talks to the outside world."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        *,
+        backend: TrainBackend | None = None,
+        dataflow: BatchSource | None = None,
+        store: WeightSink | None = None,
+        sinks: Sequence[MetricsSink] | None = None,
+        on_step: Callable[[dict[str, float]], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend if backend is not None else build_backend(config)
+        self.dataflow = dataflow
+        self.store = store
+        self._sinks = list(sinks) if sinks is not None else None
+        self._on_step = on_step
+        self._rt: Runtime | None = None
+        self._wait_s = 0.0
+        self._unsaved = False  # updates published since the last checkpoint
+
+    @property
+    def runtime(self) -> Runtime:
+        """Model, optimizer and version (after :meth:`start`)."""
+        if self._rt is None:
+            raise RuntimeError("call Trainer.start() first")
+        return self._rt
+
+    @property
+    def version(self) -> int:
+        """The newest version these weights are (or follow)."""
+        return self.runtime.version
+
+    # ------------------------------------------------------------------ start-up
+
+    def start(self) -> None:
+        """Build or resume the state; on rank 0 reconcile with the store and the dataflow."""
+        rt = self._rt = build_runtime(self.config, self.backend)
+        floor, publish = -1, False
+        if self.backend.rank == 0:
+            if self.dataflow is None or self.store is None:
+                self.dataflow, self.store = connect(self.config)
+            run_dir = Path(self.config.run_dir)
+            dump_config(self.config, run_dir / "trainer_config.json")
+            if self._sinks is None:
+                self._sinks = build_sinks(
+                    run_dir, self.config.metrics, self.config.model_dump(mode="json")
+                )
+            floor, publish = self._reconcile(rt)
+        shared = self.backend.broadcast_bytes(json.dumps([floor, publish]).encode())
+        floor, publish = json.loads(shared)
+        if publish:  # a first start: the initial weights become version `floor` (0)
+            self._publish_initial(rt, floor)
+        elif floor > rt.version:
+            log.warning(
+                "policy=%s checkpoint version=%d is older than the latest published=%d: its "
+                "later updates are lost; continuing at version %d",
+                self.config.policy, rt.version, floor, floor + 1,
+            )  # fmt: skip
+            rt.version = floor
+        log.info(
+            "trainer ready policy=%s version=%d rank=%d world_size=%d",
+            self.config.policy, rt.version, self.backend.rank, self.backend.world_size,
+        )  # fmt: skip
+
+    def _reconcile(self, rt: Runtime) -> tuple[int, bool]:
+        """Rank 0: re-ack and re-announce what a crash left undone; decide the version floor.
+
+        Returns the highest version used for this policy (store or dataflow), or the version
+        to publish the initial weights as when the store has none (with True).
+        """
+        assert self.dataflow is not None and self.store is not None
+        policy = self.config.policy
+        stop = threading.Event()
+        if rt.resumed and rt.last_batch_id:
+            self._ack(rt.last_batch_id, stop)  # its update is in the checkpoint: never re-serve
+        latest = self.store.latest(policy)
+        current = retrying(self.dataflow.versions, what="versions", stop=stop).get(policy)
+        announced = current.version if current is not None else -1
+        if latest is None:
+            return max(rt.version, announced + 1), True
+        if announced < latest:  # crashed between publish and announce
+            self._announce(latest, stop)
+        if not rt.resumed:
+            log.warning(
+                "policy=%s the weight store already holds versions up to %d but there is no "
+                "checkpoint in %s: training starts from fresh weights",
+                policy, latest, self.config.checkpoint_dir,
+            )  # fmt: skip
+        return max(latest, announced), False
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, stop: threading.Event | None = None) -> int:
+        """Train until ``stop`` is set or ``max_steps`` is reached; returns the last version."""
+        rt = self.runtime
+        stop = stop if stop is not None else threading.Event()
+        while True:
+            batch = self._take(stop)
+            if batch is _STOP:
+                break
+            if not isinstance(batch, Batch):
+                continue
+            stats = rt.update.run(batch.samples, rt.version)
+            publish_s = self._commit(batch, stop)
+            self._record(stats, publish_s)
+        if self._unsaved:
+            rt.save()
+            self._unsaved = False
+        log.info("trainer stopped policy=%s version=%d", self.config.policy, rt.version)
+        return rt.version
+
+    def _take(self, stop: threading.Event) -> Batch | bytes | None:
+        """Rank 0 long-polls the dataflow; every rank gets the batch (or stop / nothing)."""
+        rt = self.runtime
+        batch: Batch | None = None
+        payload = _STOP
+        if self.backend.rank == 0:
+            limit = self.config.max_steps
+            if not stop.is_set() and (limit is None or rt.version < limit):
+                batch = self._poll(stop)
+                payload = _STOP if stop.is_set() and batch is None else _NONE
+                if batch is not None:
+                    payload = _BATCH + pack(batch) if self.backend.world_size > 1 else _BATCH
+        data = self.backend.broadcast_bytes(payload if self.backend.rank == 0 else None)
+        kind = data[:1]
+        if kind == _STOP:
+            return _STOP
+        if kind == _NONE:
+            return None
+        return batch if batch is not None else unpack(Batch, data[1:])
+
+    def _poll(self, stop: threading.Event) -> Batch | None:
+        dataflow = self.dataflow
+        assert dataflow is not None
+        cfg = self.config
+        request = TakeBatchRequest(
+            policy=cfg.policy,
+            trainer_id=cfg.trainer_id,
+            trainer_version=self.runtime.version,
+            min_samples=cfg.batch.min_samples,
+            max_samples=cfg.batch.max_samples,
+            timeout_s=min(cfg.batch.take_timeout_s, _POLL_S),
+        )
+        start = time.perf_counter()
+        try:
+            batch = retrying(lambda: dataflow.take_batch(request), what="take_batch", stop=stop)
+        except ConnectionError:
+            if stop.is_set():
+                return None
+            raise
+        finally:
+            self._wait_s += time.perf_counter() - start
+        if batch is not None:
+            self._check(batch)
+        return batch
+
+    def _check(self, batch: Batch) -> None:
+        if batch.policy != self.config.policy:
+            raise ValidationError(
+                f"batch {batch.batch_id} is for policy {batch.policy!r}, "
+                f"this trainer trains {self.config.policy!r}",
+                field="policy",
+            )
+        vocab = getattr(getattr(self.runtime.model, "config", None), "vocab_size", None)
+        if vocab is not None:
+            for sample in batch.samples:
+                sample.check_vocab(int(vocab))
+
+    def _commit(self, batch: Batch, stop: threading.Event) -> float:
+        """Publish the new version, checkpoint if due, announce, ack; returns publish wait."""
+        rt = self.runtime
+        version = rt.version + 1
+        tensors = self.backend.full_state_dict(rt.model, rt.publish_dtype)
+        start = time.perf_counter()
+        future = None
+        if self.backend.rank == 0:
+            assert self.store is not None
+            future = self.store.publish(self.config.policy, version, tensors)
+        del tensors
+        rt.version, rt.last_batch_id = version, batch.batch_id
+        every = self.config.checkpoint.every
+        self._unsaved = not (every and version % every == 0)
+        if not self._unsaved:
+            rt.save()
+        if future is not None:
+            future.result()
+            self._announce(version, stop)
+            self._ack(batch.batch_id, stop)
+        return time.perf_counter() - start
+
+    def _publish_initial(self, rt: Runtime, version: int) -> None:
+        """Publish assets and the initial weights as ``version``, announce, checkpoint."""
+        tensors = self.backend.full_state_dict(rt.model, rt.publish_dtype)  # all ranks
+        if self.backend.rank == 0:
+            assert self.store is not None
+            policy = self.config.policy
+            publish_assets(self.store, policy, rt.model, rt.tokenizer, rt.publish_dtype)
+            self.store.publish(policy, version, tensors).result()
+            self._announce(version, threading.Event())
+        del tensors
+        rt.version = version
+        rt.save()  # these weights are a version now: never warm up or publish them again
+
+    def _announce(self, version: int, stop: threading.Event) -> None:
+        dataflow = self.dataflow
+        assert dataflow is not None and self.store is not None
+        record = PolicyVersion(
+            policy=self.config.policy,
+            version=version,
+            manifest=self.store.manifest_ref(self.config.policy, version),
+        )
+        retrying(lambda: dataflow.announce(record), what="announce", stop=stop)
+        log.info("announced policy=%s version=%d", self.config.policy, version)
+
+    def _ack(self, batch_id: str, stop: threading.Event) -> None:
+        dataflow = self.dataflow
+        assert dataflow is not None
+        request = AckRequest(batch_id=batch_id, trainer_id=self.config.trainer_id)
+        try:
+            retrying(lambda: dataflow.ack(request), what="ack", stop=stop)
+        except (NotFoundError, ConflictError) as exc:  # already acked before a crash
+            log.info("ack batch=%s not needed: %s", batch_id, exc)
+
+    def _record(self, stats: dict[str, float], publish_s: float) -> None:
+        if self.backend.rank != 0:
+            return
+        record = {"version": float(self.runtime.version), "time": time.time()}
+        record |= stats
+        record["wait_s"], self._wait_s = self._wait_s, 0.0
+        record["publish_s"] = publish_s
+        record["tokens_per_s"] = stats["tokens"] / max(stats["step_s"], 1e-9)
+        for sink in self._sinks or ():
+            sink.write(record)
+        if self._on_step is not None:
+            self._on_step(record)
+        log.info(
+            "step policy=%s version=%d loss=%.4f reward=%.3f samples=%d wait_s=%.2f",
+            self.config.policy, self.runtime.version, stats["loss"], stats["reward_mean"],
+            int(stats["samples"]), record["wait_s"],
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Flush metrics, wait for pending publishes, release connections and the group."""
+        for sink in self._sinks or ():
+            sink.close()
+        if self.store is not None:
+            self.store.close()
+        if self.dataflow is not None:
+            self.dataflow.close()
+        self.backend.close()
