@@ -492,6 +492,10 @@ class PoolReport(Record):
     """Tasks in flight in this pool."""
     failures: int = Field(ge=0)
     lease_expiries: int = Field(ge=0)
+    desired_nodes: int | None = Field(default=None, ge=0)
+    """Node count an admin or autoscaler asked for (``POST /v1/admin/pools``; None: not set)."""
+    target_nodes: int | None = Field(default=None, ge=0)
+    """The dead-band rule applied to this pool: ``nodes`` +/- step, within min/max nodes."""
 
 
 class PolicyReport(Record):
@@ -553,6 +557,49 @@ class PoolTarget(Record):
     reason: str
 
 
+class RoundTiming(Record):
+    """One synchronous round: its tasks and when it opened, had all its data, and closed."""
+
+    round: int = Field(ge=0)
+    """Round r serves trainers at version r and needs nodes holding version r."""
+    tasks: int = Field(ge=0)
+    """Tasks of the round (carried-over and top-up tasks included)."""
+    topups: int = Field(default=0, ge=0)
+    """Times the round's quota grew because a trajectory filter left a policy without data."""
+    opened_at: float | None = None
+    """When every policy had announced version ``round`` (tasks could be leased from then on)."""
+    data_complete_at: float | None = None
+    """When every round task was submitted or failed for good (round batches servable)."""
+    closed_at: float | None = None
+    """When every policy had announced version ``round + 1``."""
+
+
+class SyncReport(Record):
+    """Synchronous regulation: the current round and the timings of past ones."""
+
+    round: int = Field(ge=0)
+    state: Literal["waiting", "open", "complete"]
+    """waiting: for trainers to announce version ``round``; open: tasks are leased and run;
+    complete: the round's data is all in, trainers train on it and announce ``round + 1``."""
+    quota: int = Field(ge=0)
+    """Tasks the round leases (``sync_round_tasks``, plus one more per top-up)."""
+    tasks: int = Field(ge=0)
+    """Tasks of the round so far."""
+    open_tasks: int = Field(ge=0)
+    """Round tasks pending or leased."""
+    waiting_for: list[Name] = Field(default_factory=list)
+    """Policies whose announced version holds the round back (waiting or complete state)."""
+    current: RoundTiming
+    history: list[RoundTiming] = Field(default_factory=list)
+    """The latest closed rounds, oldest first (at most 100)."""
+    closed_rounds: int = Field(default=0, ge=0)
+    """Rounds closed since the run began."""
+    rollout_s: float = Field(default=0.0, ge=0)
+    """Total over closed rounds of opened -> data complete (trainers wait, rollout works)."""
+    train_s: float = Field(default=0.0, ge=0)
+    """Total over closed rounds of data complete -> closed (rollout waits, trainers work)."""
+
+
 class DataflowReport(Record):
     """``GET /v1/report``: what autoscalers and dashboards read (also as Prometheus gauges)."""
 
@@ -568,6 +615,53 @@ class DataflowReport(Record):
     target: PoolTarget
     plugins: dict[str, dict[str, float]] = Field(default_factory=dict)
     """Each plug-in's ``metrics()`` by its place (``selector``, ``filter.0``, ``sampler``)."""
+    pool_targets: dict[str, PoolTarget] = Field(default_factory=dict)
+    """The dead-band rule per pool (``current_nodes``: the pool's active nodes); what an
+    autoscaler follows. Equals ``target`` when there is one pool."""
+    mode: Literal["async", "sync"] = "async"
+    """Regulation mode of the service (``regulation.mode``)."""
+    sync: SyncReport | None = None
+    """The round state (sync mode only)."""
+
+
+# --------------------------------------------------------------------------- admin
+
+#: Largest node count (or change of it) a pool size request may name.
+MAX_POOL_NODES: Final = 100_000
+
+
+class PoolSizeRequest(Record):
+    """Admin: set a pool's desired node count, absolutely (``nodes``) or relatively (``delta``)."""
+
+    pool: Name
+    nodes: int | None = Field(default=None, ge=0, le=MAX_POOL_NODES)
+    """New desired node count."""
+    delta: int | None = Field(default=None, ge=-MAX_POOL_NODES, le=MAX_POOL_NODES)
+    """Change of the desired count (from the observed count if none was set); floored at 0."""
+
+    @model_validator(mode="after")
+    def _one_of(self) -> PoolSizeRequest:
+        if (self.nodes is None) == (self.delta is None):
+            raise ValueError("give exactly one of 'nodes' (absolute) and 'delta' (relative)")
+        return self
+
+
+class PoolSize(Record):
+    """One pool's desired, observed and dead-band target node counts."""
+
+    pool: Name
+    desired: int | None = Field(default=None, ge=0)
+    """What an admin or autoscaler asked for (None: never set); provisioners follow it."""
+    observed: int = Field(ge=0)
+    """Nodes of the pool seen within one lease ttl."""
+    target: int = Field(ge=0)
+    """The dead-band rule on trainer waiting applied to this pool (what an autoscaler follows)."""
+
+
+class PoolSizes(Record):
+    """``GET /v1/admin/pools``: every pool with a desired size or an observed node."""
+
+    pools: dict[Name, PoolSize] = Field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- wire codec
@@ -640,7 +734,7 @@ def wire_schemas() -> Mapping[str, dict[str, Any]]:
         RenewRequest, RenewReply, SubmitRequest, SubmitReply, FailRequest, FailReply,
         ReleaseRequest, ReleaseReply, TakeBatchRequest, Batch, AckRequest, AnnounceReply,
         NodeReport, PoolReport, PolicyReport, TrainerReport, TaskQueueReport, PoolTarget,
-        DataflowReport,
+        DataflowReport, RoundTiming, SyncReport, PoolSizeRequest, PoolSize, PoolSizes,
     ]  # fmt: skip
     return {m.__name__: m.model_json_schema(mode="validation") for m in models}
 

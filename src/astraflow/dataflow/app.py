@@ -45,6 +45,7 @@ from astraflow.records import (
     FailRequest,
     LeaseRequest,
     PolicyVersion,
+    PoolSizeRequest,
     ReleaseRequest,
     RenewRequest,
     Role,
@@ -207,6 +208,10 @@ class _Routes:
 
         return run
 
+    async def lease(self, request: Request) -> Any:
+        """Lease tasks (held a while in sync mode when the round has none)."""
+        return await self.runtime.lease(await self.body(request, LeaseRequest))
+
     async def take(self, request: Request) -> Response:
         """Long-poll for a batch: msgpack, or 204 when the wait timed out."""
         got = await self.runtime.take_batch(await self.body(request, TakeBatchRequest))
@@ -234,6 +239,10 @@ class _Routes:
         """The JSON report."""
         return await self.runtime.call(self.service.report)
 
+    async def pool_sizes(self, request: Request) -> Any:
+        """Desired, observed and target node counts per pool."""
+        return await self.runtime.call(self.service.pool_sizes)
+
     async def metrics(self, request: Request) -> Response:
         """The report as Prometheus gauges."""
         text = metrics_text(await self.runtime.call(self.service.report))
@@ -245,7 +254,7 @@ class _Routes:
         post = ["POST"]
         return [
             Route("/v1/health", ep(None, self.health, public=True)),
-            Route("/v1/lease", ep("node", call(LeaseRequest, s.lease)), methods=post),
+            Route("/v1/lease", ep("node", self.lease), methods=post),
             Route("/v1/renew", ep("node", call(RenewRequest, s.renew)), methods=post),
             Route("/v1/submit", ep("node", call(SubmitRequest, s.submit)), methods=post),
             Route("/v1/fail", ep("node", call(FailRequest, s.fail)), methods=post),
@@ -255,6 +264,12 @@ class _Routes:
             Route("/v1/versions", ep("trainer", call(PolicyVersion, s.announce)), methods=post),
             Route("/v1/versions", ep(None, self.versions), methods=["GET"]),
             Route("/v1/report", ep(None, self.report), methods=["GET"]),
+            Route("/v1/admin/pools", ep("admin", self.pool_sizes), methods=["GET"]),
+            Route(
+                "/v1/admin/pools",
+                ep("admin", call(PoolSizeRequest, s.set_pool_size)),
+                methods=post,
+            ),
             Route("/metrics", ep(None, self.metrics), methods=["GET"]),
         ]
 

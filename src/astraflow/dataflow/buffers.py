@@ -24,10 +24,10 @@ from astraflow.data_algorithms.protocols import BatchQuery, BatchSampler, GroupV
 from astraflow.dataflow.config import PolicyConfig
 from astraflow.dataflow.regulation import group_behaviour_version, staleness
 from astraflow.dataflow.store import BatchRow, GroupRow, Store
-from astraflow.errors import NotFoundError, PluginError
-from astraflow.records import PolicyReport, PolicyVersion, Sample, pack
+from astraflow.errors import NotFoundError, PluginError, ValidationError
+from astraflow.records import PolicyReport, PolicyVersion, Sample, SubmitRequest, pack
 
-__all__ = ["Buffers", "encode_batch"]
+__all__ = ["Buffers", "encode_batch", "validate_samples"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,28 @@ def encode_batch(row: BatchRow, blobs: Sequence[bytes], num_samples: int, ttl: f
         p.pack("samples"), p.pack_array_header(num_samples),
     ]  # fmt: skip
     return b"".join(head) + b"".join(blobs)
+
+
+def validate_samples(req: SubmitRequest, policies: Mapping[str, PolicyConfig]) -> None:
+    """Refuse a submission whose samples name an undeclared policy, another task, or token
+    ids outside their policy's vocabulary (the records checked everything else)."""
+    for i, s in enumerate(req.samples):
+        cfg = policies.get(s.policy)
+        if cfg is None:
+            raise ValidationError(
+                f"samples[{i}].policy: unknown policy {s.policy!r}; declared: "
+                f"{', '.join(sorted(policies))}",
+                field=f"samples.{i}.policy",
+            )
+        if s.task_id != req.task_id:
+            raise ValidationError(
+                f"samples[{i}].task_id is {s.task_id!r}, the submission is for {req.task_id!r}",
+                field=f"samples.{i}.task_id",
+            )
+        try:
+            s.check_vocab(cfg.vocab_size)
+        except ValidationError as exc:
+            raise ValidationError(f"samples[{i}]: {exc}", field=f"samples.{i}.token_ids") from exc
 
 
 class Buffers:
@@ -157,18 +179,24 @@ class Buffers:
             for g in self.replay[policy].values()
             if staleness(g.behaviour_version, version) > bound
         ]
-        if stale or old:
-            self.store.delete_groups([g.gid for g in stale + old])
-        for g in stale:
-            del self.live[policy][g.gid]
-            self._enter(g, -1)
+        if old:
+            self.store.delete_groups([g.gid for g in old])
         for g in old:
             del self.replay[policy][g.gid]
         if stale:
-            n = sum(g.num_samples for g in stale)
-            self.count("stale_dropped", policy, n)
+            n = self.drop(policy, stale)
             log.info("stale groups dropped policy=%s groups=%d samples=%d trainer_version=%d",
                      policy, len(stale), n, version)  # fmt: skip
+
+    def drop(self, policy: str, groups: Sequence[GroupRow]) -> int:
+        """Delete buffered groups for good, counted as stale-dropped; returns their samples."""
+        self.store.delete_groups([g.gid for g in groups])
+        for g in groups:
+            del self.live[policy][g.gid]
+            self._enter(g, -1)
+        n = sum(g.num_samples for g in groups)
+        self.count("stale_dropped", policy, n)
+        return n
 
     def _view(self, g: GroupRow, version: int) -> GroupView:
         return GroupView(
@@ -202,6 +230,14 @@ class Buffers:
         chosen_fresh, chosen_replay, total = self._fit(q, keys)
         if total < q.min_samples:
             return None
+        return self.serve(q, chosen_fresh, chosen_replay, now)
+
+    def serve(
+        self, q: BatchQuery, fresh: Sequence[GroupRow], replay: Sequence[GroupRow], now: float
+    ) -> tuple[BatchRow, bytes, int]:
+        """Record a batch of these buffered (and replayed acked) groups; returns it encoded."""
+        chosen_fresh, chosen_replay = list(fresh), list(replay)
+        total = sum(g.num_samples for g in chosen_fresh + chosen_replay)
         cfg = self.policies[q.policy]
         row = BatchRow(
             batch_id=uuid.uuid4().hex,

@@ -4,7 +4,9 @@ This module imports only records, errors and httpx: it is what rollout nodes, tr
 launchers import to reach the service. Connection errors and 5xx replies are retried with
 exponential backoff; a 4xx raises at once the error class the service named
 (``errors.error_from_wire``). Retrying is safe: submits are idempotent on
-``(task_id, attempt)``; a repeated lease or take only leaves a lease or batch to expire.
+``(task_id, attempt)``; a repeated lease or take only leaves a lease or batch to expire. A
+relative pool size change is not idempotent: it is retried only when the request cannot have
+reached the service (connection refused) or was refused with a 5xx (nothing committed).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from astraflow.records import (
     LeaseReply,
     LeaseRequest,
     PolicyVersion,
+    PoolSize,
+    PoolSizeRequest,
+    PoolSizes,
     ReleaseReply,
     ReleaseRequest,
     RenewReply,
@@ -96,6 +101,11 @@ def _none(resp: httpx.Response) -> None:
     return None
 
 
+def _pool_request(pool: str, nodes: int | None, delta: int | None) -> tuple[bytes, dict[str, str]]:
+    """The body of a pool size request, validated here (``ValidationError`` names the field)."""
+    return _json_body(parse(PoolSizeRequest, {"pool": pool, "nodes": nodes, "delta": delta}))
+
+
 class _Base:
     def __init__(self, url: str, *, token: str | None, timeout_s: float, retries: int) -> None:
         self.url = url.rstrip("/")
@@ -106,6 +116,12 @@ class _Base:
 
     def _backoff(self, attempt: int) -> float:
         return min(_MAX_BACKOFF_S, 0.1 * 2.0**attempt) * (0.5 + self._jitter.random())
+
+    def _unknown(self, path: str, last: str) -> ServiceUnavailableError:
+        return ServiceUnavailableError(
+            f"dataflow service at {self.url}: {path} failed after the request was sent, so it "
+            f"may or may not have been applied (not retried: it is not idempotent): {last}"
+        )
 
     def _give_up(self, path: str, last: str) -> ServiceUnavailableError:
         return ServiceUnavailableError(
@@ -129,6 +145,7 @@ class DataflowClient(_Base):
         path: str,
         body: tuple[bytes, dict[str, str]] | None = None,
         timeout_s: float | None = None,
+        once: bool = False,
     ) -> httpx.Response:
         content, headers = body if body is not None else (None, {})
         last = ""
@@ -142,6 +159,8 @@ class DataflowClient(_Base):
                 )  # fmt: skip
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
+                if once and not isinstance(exc, httpx.ConnectError):
+                    raise self._unknown(path, last) from exc
                 continue
             if resp.status_code >= 500:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
@@ -195,6 +214,18 @@ class DataflowClient(_Base):
         """The pool report."""
         return _reply(DataflowReport)(self._send("GET", "/v1/report"))
 
+    def pool_sizes(self) -> PoolSizes:
+        """Admin: desired, observed and dead-band target node counts per pool."""
+        return _reply(PoolSizes)(self._send("GET", "/v1/admin/pools"))
+
+    def set_pool_size(
+        self, pool: str, nodes: int | None = None, delta: int | None = None
+    ) -> PoolSize:
+        """Admin: set a pool's desired node count (``nodes``) or change it by ``delta``."""
+        body = _pool_request(pool, nodes, delta)
+        resp = self._send("POST", "/v1/admin/pools", body, once=delta is not None)
+        return _reply(PoolSize)(resp)
+
     def close(self) -> None:
         """Close the connection pool."""
         self._http.close()
@@ -223,6 +254,7 @@ class AsyncDataflowClient(_Base):
         path: str,
         body: tuple[bytes, dict[str, str]] | None = None,
         timeout_s: float | None = None,
+        once: bool = False,
     ) -> httpx.Response:
         content, headers = body if body is not None else (None, {})
         last = ""
@@ -236,6 +268,8 @@ class AsyncDataflowClient(_Base):
                 )  # fmt: skip
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {exc}"
+                if once and not isinstance(exc, httpx.ConnectError):
+                    raise self._unknown(path, last) from exc
                 continue
             if resp.status_code >= 500:
                 last = f"HTTP {resp.status_code}: {resp.text[:200]}"
@@ -289,6 +323,18 @@ class AsyncDataflowClient(_Base):
     async def report(self) -> DataflowReport:
         """The pool report."""
         return _reply(DataflowReport)(await self._send("GET", "/v1/report"))
+
+    async def pool_sizes(self) -> PoolSizes:
+        """Admin: desired, observed and dead-band target node counts per pool."""
+        return _reply(PoolSizes)(await self._send("GET", "/v1/admin/pools"))
+
+    async def set_pool_size(
+        self, pool: str, nodes: int | None = None, delta: int | None = None
+    ) -> PoolSize:
+        """Admin: set a pool's desired node count (``nodes``) or change it by ``delta``."""
+        body = _pool_request(pool, nodes, delta)
+        resp = await self._send("POST", "/v1/admin/pools", body, once=delta is not None)
+        return _reply(PoolSize)(resp)
 
     async def close(self) -> None:
         """Close the connection pool."""

@@ -95,14 +95,27 @@ class LeaseConfig(ConfigModel):
 
 
 class RegulationConfig(ConfigModel):
-    """How lease sizes follow each node's measured rate."""
+    """Regulation mode, and how lease sizes follow each node's measured rate."""
 
+    mode: Literal["async", "sync"] = "async"
+    """async: the dataflow way; sync: trainer-centred lock-step rounds (see dataflow/rounds.py)."""
+    sync_round_tasks: int | None = Field(default=None, ge=1)
+    """Tasks per sync round (one full batch per policy); required in sync mode."""
+    sync_lease_hold_s: float = Field(default=2.0, ge=0, le=10)
+    """Sync mode: a lease the round leaves empty waits this long for the round to change
+    (opened, tasks re-queued) before it answers, so nodes start a round at once (0: never)."""
     window_s: float = Field(default=30.0, gt=0)
     """A node may hold about what it finishes in this long."""
     min_lease: int = Field(default=1, ge=1)
     """Leases a node may always hold, whatever its measured rate."""
     initial_lease: int | None = Field(default=None, ge=1)
     """Leases a node with no measured rate may hold (None: whatever capacity it asks for)."""
+
+    @model_validator(mode="after")
+    def _check_mode(self) -> RegulationConfig:
+        if self.mode == "sync" and self.sync_round_tasks is None:
+            raise ValueError("regulation.mode 'sync' needs regulation.sync_round_tasks")
+        return self
 
 
 class ReportConfig(ConfigModel):
@@ -218,6 +231,14 @@ class DataflowConfig(ConfigModel):
                 raise ValueError(
                     f"source {s.name!r} names undeclared policies {unknown}; "
                     f"declared: {sorted(self.policies)}"
+                )
+        if self.regulation.mode == "sync":
+            fed = {p for s in self.sources for p in s.policies}
+            idle = sorted(set(self.policies) - fed)
+            if idle:
+                raise ValueError(
+                    f"regulation.mode 'sync' steps every policy in lock-step, but no source "
+                    f"produces samples for {idle}"
                 )
         sampler = self.sampler if isinstance(self.sampler, str) else self.sampler.type
         if sampler == "replay" and not any(p.retain_acked for p in self.policies.values()):

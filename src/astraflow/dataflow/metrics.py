@@ -52,11 +52,45 @@ class _ReportCollector(Collector):
         current = family("active_nodes", "Rollout nodes seen within one lease ttl", [])
         current.add_metric([], r.target.current_nodes)
         yield current
+        yield from _pool_sizes(r)
+        if r.sync is not None:
+            yield from _sync(r)
         plugin = family("plugin_metric", "Plug-in metrics() values", ["plugin", "name"])
         for where, values in r.plugins.items():
             for key, value in values.items():
                 plugin.add_metric([where, key], value)
         yield plugin
+
+
+def _pool_sizes(r: DataflowReport) -> Iterator[GaugeMetricFamily]:
+    desired = GaugeMetricFamily(
+        _PREFIX + "pool_desired_nodes", "Nodes asked for per pool (admin API)", labels=["pool"]
+    )
+    target = GaugeMetricFamily(
+        _PREFIX + "pool_target_nodes", "Dead-band target nodes per pool", labels=["pool"]
+    )
+    for name, pool in r.pools.items():
+        if pool.desired_nodes is not None:
+            desired.add_metric([name], pool.desired_nodes)
+        if pool.target_nodes is not None:
+            target.add_metric([name], pool.target_nodes)
+    yield desired
+    yield target
+
+
+def _sync(r: DataflowReport) -> Iterator[GaugeMetricFamily]:
+    assert r.sync is not None
+    values = {
+        "sync_round": ("Current synchronous round", r.sync.round),
+        "sync_round_tasks": ("Tasks of the current round", r.sync.tasks),
+        "sync_round_open_tasks": ("Round tasks pending or leased", r.sync.open_tasks),
+        "sync_rollout_seconds": ("Closed rounds' open -> data complete time", r.sync.rollout_s),
+        "sync_train_seconds": ("Closed rounds' data complete -> closed time", r.sync.train_s),
+    }
+    for name, (doc, value) in values.items():
+        fam = GaugeMetricFamily(_PREFIX + name, doc, labels=[])
+        fam.add_metric([], value)
+        yield fam
 
 
 _UNITS = {"samples_per_s": "samples_per_second", "tasks_per_s": "tasks_per_second"}

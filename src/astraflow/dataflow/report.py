@@ -8,6 +8,10 @@ Dead-band rule on the highest trainer waiting fraction w over the window::
     w > high ───────────────► target = current + step          (rollout is the bottleneck)
     low <= w <= high ───────► target = current                  (hold)
     w < low for scale_down_after_s ─► target = current - step   (rollout has surplus)
+
+``current`` is the number of active nodes (seen within one lease ttl): of all pools for
+``report.target``, of one pool for ``report.pools[p].target_nodes`` (the same decision applied
+to each pool), each clamped to [min_nodes, max_nodes].
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from astraflow.records import (
     PolicyReport,
     PoolReport,
     PoolTarget,
+    SyncReport,
     TaskQueueReport,
     TrainerReport,
 )
@@ -136,35 +141,43 @@ class DeadBand:
         self._below_since: float | None = None
         self._last_current = -1
 
-    def target(self, now: float, current: int, waiting: float | None) -> PoolTarget:
-        """Decide the target for ``current`` active nodes at waiting fraction ``waiting``."""
+    def decide(self, now: float, current: int, waiting: float | None) -> tuple[int, str]:
+        """The change in nodes (+step, 0, -step) and why, for ``current`` active nodes."""
         c = self.config
         low, high = c.band
         if current != self._last_current:
             self._below_since, self._last_current = None, current
-        target, reason = current, "holding: waiting fraction inside the band"
+        change, reason = 0, "holding: waiting fraction inside the band"
         if waiting is None:
             self._below_since = None
             reason = "holding: no trainer activity in the window"
         elif waiting > high:
             self._below_since = None
-            target, reason = current + c.step, f"trainers wait {waiting:.2f} > {high}: scale up"
+            change, reason = c.step, f"trainers wait {waiting:.2f} > {high}: scale up"
         elif waiting < low:
             self._below_since = self._below_since if self._below_since is not None else now
             below = now - self._below_since
             if below >= c.scale_down_after_s:
-                target = current - c.step
+                change = -c.step
                 reason = f"trainers wait {waiting:.2f} < {low} for {below:.0f}s: scale down"
             else:
                 reason = f"trainers wait {waiting:.2f} < {low} for {below:.0f}s: holding"
         else:
             self._below_since = None
-        target = min(c.max_nodes, max(c.min_nodes, target))
+        return change, reason
+
+    def clamp(self, nodes: int) -> int:
+        """``nodes`` within [min_nodes, max_nodes]."""
+        return min(self.config.max_nodes, max(self.config.min_nodes, nodes))
+
+    def target(self, now: float, current: int, waiting: float | None) -> PoolTarget:
+        """Decide the target for ``current`` active nodes at waiting fraction ``waiting``."""
+        change, reason = self.decide(now, current, waiting)
         return PoolTarget(
             current_nodes=current,
-            target_nodes=target,
+            target_nodes=self.clamp(current + change),
             waiting_fraction=waiting,
-            band=c.band,
+            band=self.config.band,
             reason=reason,
         )
 
@@ -285,6 +298,13 @@ class Telemetry:
         }
 
 
+def _empty_pool(pool: str) -> PoolReport:
+    return PoolReport(
+        pool=pool, nodes=0, samples_per_s=0, tasks_per_s=0, leased=0, failures=0,
+        lease_expiries=0,
+    )  # fmt: skip
+
+
 def build_report(
     telemetry: Telemetry,
     tasks: TaskQueueReport,
@@ -292,17 +312,22 @@ def build_report(
     policies: dict[str, PolicyReport],
     plugins: dict[str, dict[str, float]],
     ttl_s: float,
+    *,
+    desired: Mapping[str, int] | None = None,
+    sync: SyncReport | None = None,
 ) -> DataflowReport:
-    """Assemble the report from the service's state and the telemetry."""
+    """Assemble the report from the service's state and the telemetry.
+
+    ``desired``: node counts asked for per pool (pools with one appear even with no node);
+    ``sync``: the round state of a sync-mode service.
+    """
     now = telemetry.clock()
     nodes = telemetry.node_reports(leased)
     active = {n.node_id for n in telemetry.active_nodes(ttl_s)}
-    pools: dict[str, PoolReport] = {}
+    desired = desired or {}
+    pools: dict[str, PoolReport] = {p: _empty_pool(p) for p in sorted(desired)}
     for n in nodes.values():
-        p = pools.get(n.pool) or PoolReport(
-            pool=n.pool, nodes=0, samples_per_s=0, tasks_per_s=0, leased=0, failures=0,
-            lease_expiries=0,
-        )  # fmt: skip
+        p = pools.get(n.pool) or _empty_pool(n.pool)
         pools[n.pool] = p.model_copy(
             update={
                 "nodes": p.nodes + (n.node_id in active),
@@ -320,7 +345,23 @@ def build_report(
         for t in telemetry.trainers.values()
         if now - t.last_seen <= window
     ]
-    target = telemetry.dead_band.target(now, len(active), max(recent) if recent else None)
+    band, waiting = telemetry.dead_band, max(recent) if recent else None
+    change, reason = band.decide(now, len(active), waiting)
+    target = PoolTarget(
+        current_nodes=len(active), target_nodes=band.clamp(len(active) + change),
+        waiting_fraction=waiting, band=band.config.band, reason=reason,
+    )  # fmt: skip
+    pool_targets: dict[str, PoolTarget] = {}
+    for name, p in pools.items():
+        pool_targets[name] = target.model_copy(
+            update={"current_nodes": p.nodes, "target_nodes": band.clamp(p.nodes + change)}
+        )
+        pools[name] = p.model_copy(
+            update={
+                "desired_nodes": desired.get(name),
+                "target_nodes": pool_targets[name].target_nodes,
+            }
+        )
     return DataflowReport(
         time=now,
         uptime_s=max(0.0, now - telemetry.started),
@@ -332,4 +373,7 @@ def build_report(
         trainers=trainers,
         target=target,
         plugins=plugins,
+        pool_targets=pool_targets,
+        mode="async" if sync is None else "sync",
+        sync=sync,
     )

@@ -3,6 +3,8 @@
     handler ──await call(fn, req)──► [writer thread] service.fn(req) ──► reply
     take:    loop { ev = event[policy]; batch = call(take); if batch: return it;
                     wait(ev, remaining) or time out → None }
+    lease:   sync mode only, the same loop while the round leaves the lease empty (woken
+             when the round opens or gets tasks back; ``regulation.sync_lease_hold_s``)
     sweeper: every interval until stopped: call(sweep)  (lease and batch expiry)
 
 Every SQLite access happens on the writer thread, so the event loop never blocks on it; a
@@ -18,8 +20,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from astraflow.dataflow.rounds import BLOCKED
 from astraflow.dataflow.service import DataflowService, TakenBatch
-from astraflow.records import TakeBatchRequest
+from astraflow.records import LeaseReply, LeaseRequest, TakeBatchRequest
 
 __all__ = ["ServiceRuntime"]
 
@@ -37,6 +40,10 @@ class ServiceRuntime:
         self.sweep_interval_s = min(0.5, service.config.lease.ttl_s / 4)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataflow-writer")
         self._events: dict[str, asyncio.Event] = {}
+        self._round = asyncio.Event()
+        self.lease_hold_s = (
+            service.config.regulation.sync_lease_hold_s if service.rounds is not None else 0.0
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -51,15 +58,23 @@ class ServiceRuntime:
             loop.call_soon_threadsafe(self._wake, policy)
 
         self.service.on_buffer_change = wake
+
+        def round_changed() -> None:  # called on the writer thread
+            loop.call_soon_threadsafe(self._wake_round)
+
+        self.service.on_round_change = round_changed
+        self._round = asyncio.Event()
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="dataflow-sweeper")
 
     async def stop(self) -> None:
         """Stop the sweeper and wait for the writer thread to finish its work."""
         if self._stop is not None:
             self._stop.set()
+        self._wake_round()  # held leases answer now
         if self._sweeper is not None:
             await self._sweeper
         self.service.on_buffer_change = None
+        self.service.on_round_change = None
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
 
     async def call(self, fn: Callable[..., R], *args: object) -> R:
@@ -77,6 +92,24 @@ class ServiceRuntime:
         ev = self._events.pop(policy, None)
         if ev is not None:
             ev.set()
+
+    def _wake_round(self) -> None:
+        ev, self._round = self._round, asyncio.Event()
+        ev.set()
+
+    async def lease(self, req: LeaseRequest) -> LeaseReply:
+        """A lease; in sync mode one the round leaves empty is held until the round changes."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.lease_hold_s
+        while True:
+            ev = self._round  # taken before trying: no wake-up is lost
+            reply = await self.call(self.service.lease, req)
+            remaining = deadline - loop.time()
+            held = not reply.tasks and not reply.refresh and reply.reason.startswith(BLOCKED)
+            if not held or remaining <= 0 or (self._stop is not None and self._stop.is_set()):
+                return reply
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ev.wait(), remaining)
 
     async def take_batch(self, req: TakeBatchRequest) -> TakenBatch | None:
         """Long-poll: a batch as soon as one qualifies, or None after the timeout."""

@@ -8,13 +8,14 @@ returns. Memory mirrors the store; if a transaction fails, memory is reloaded fr
     submit ─► validate ─► TaskQueue.accept ─► filters ─► Buffers.add ─► selector.feedback
     take ───► Buffers.take (staleness bound, sampler)      ack ──► Buffers.ack
     announce ► versions                                     sweep ► lease / batch expiry
+    sync mode: rounds.py replaces backpressure, admission and take; SyncRounds.step ends
+               every change     admin: desired pool sizes (pools.py)
 
 Methods are thread-safe (one lock); the HTTP layer runs them on one writer thread.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -22,17 +23,18 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from astraflow.data_algorithms import FILTERS, SAMPLERS, SELECTORS
 from astraflow.data_algorithms.protocols import BatchQuery, GroupResult
 from astraflow.dataflow import regulation
-from astraflow.dataflow.buffers import Buffers
+from astraflow.dataflow.algorithms import PluginSet
+from astraflow.dataflow.buffers import Buffers, validate_samples
 from astraflow.dataflow.config import DataflowConfig
+from astraflow.dataflow.pools import PoolSizing
 from astraflow.dataflow.report import Telemetry, build_report
+from astraflow.dataflow.rounds import SyncRounds
 from astraflow.dataflow.sources import Catalog, load_source
 from astraflow.dataflow.store import Store
 from astraflow.dataflow.tasks import TaskQueue
-from astraflow.errors import ConflictError, NotFoundError, ValidationError
-from astraflow.plugins import PluginSpec
+from astraflow.errors import ConflictError, NotFoundError
 from astraflow.records import (
     AckRequest,
     AnnounceReply,
@@ -42,6 +44,9 @@ from astraflow.records import (
     LeaseReply,
     LeaseRequest,
     PolicyVersion,
+    PoolSize,
+    PoolSizeRequest,
+    PoolSizes,
     ReleaseReply,
     ReleaseRequest,
     RenewReply,
@@ -61,10 +66,6 @@ TakenBatch = tuple[str, bytes, int]
 """(batch_id, msgpack of ``records.Batch``, number of samples)."""
 
 
-def _spec_name(spec: PluginSpec | str) -> str:
-    return spec if isinstance(spec, str) else spec.type
-
-
 class DataflowService:
     """Task queue, buffers, versions and report of one run directory."""
 
@@ -80,6 +81,8 @@ class DataflowService:
         self._lock = threading.RLock()
         self.on_buffer_change: Callable[[str], None] | None = None
         """Called with a policy after a change that may make a batch available."""
+        self.on_round_change: Callable[[], None] | None = None
+        """Sync mode: called after a change that may give a held lease a task."""
         datasets = dict(datasets or {})
         self.catalog = Catalog(
             [
@@ -89,19 +92,11 @@ class DataflowService:
         )
         if datasets:
             raise NotFoundError(f"datasets given for unknown sources: {sorted(datasets)}")
-        self.selector = SELECTORS.build(config.selector, seed=config.seed)
-        self.filters = [FILTERS.build(f, seed=config.seed) for f in config.filters]
-        self.sampler = SAMPLERS.build(config.sampler, seed=config.seed)
-        self.plugins: dict[str, tuple[str, Any]] = {
-            "selector": (_spec_name(config.selector), self.selector)
-        }
-        for i, (spec, f) in enumerate(zip(config.filters, self.filters, strict=True)):
-            self.plugins[f"filter.{i}"] = (_spec_name(spec), f)
-        self.plugins["sampler"] = (_spec_name(config.sampler), self.sampler)
+        self.plugins = PluginSet(config)
+        self.selector, self.filters = self.plugins.selector, self.plugins.filters
         self.selector.select(self.catalog, 0)  # lets the selector check the catalogue
         self.store = Store(config.db_path)
         self.telemetry = Telemetry(config.report, clock)
-        self._saved: dict[str, str] = {}
         self._last_sweep = 0.0
         try:
             self._load()
@@ -113,22 +108,23 @@ class DataflowService:
                  sum(len(v) for v in self.buffers.live.values()))  # fmt: skip
 
     def _load(self) -> None:
-        for where, (name, plugin) in self.plugins.items():
-            saved = self.store.get_meta(f"plugin.{where}")
-            if saved is None:
-                continue
-            if saved.get("type") != name:
-                log.warning("plug-in changed, its saved state is ignored where=%s was=%s now=%s",
-                            where, saved.get("type"), name)  # fmt: skip
-                continue
-            plugin.load_state_dict(saved["state"])
-            self._saved[where] = json.dumps(saved["state"], sort_keys=True)
+        self.plugins.load(self.store)
         self.queue = TaskQueue(self.store, self.catalog, self.selector, self.config.lease)
-        self.buffers = Buffers(self.store, self.config.policies, self.sampler)
+        self.buffers = Buffers(self.store, self.config.policies, self.plugins.sampler)
         self.latest: dict[str, PolicyVersion] = {
             p: PolicyVersion(policy=p, version=v, manifest=m, created_at=t)
             for p, (v, m, t) in self.store.latest_versions().items()
         }
+        self.pools = PoolSizing(self.store)
+        reg = self.config.regulation
+        self.rounds: SyncRounds | None = None
+        if reg.mode == "sync":
+            assert reg.sync_round_tasks is not None  # the config requires it in sync mode
+            self.rounds = SyncRounds(self.store, self.queue, self.buffers, reg.sync_round_tasks,
+                                     list(self.config.policies), self._versions())  # fmt: skip
+
+    def _versions(self) -> dict[str, int]:
+        return {p: v.version for p, v in self.latest.items()}
 
     def close(self) -> None:
         """Close the database (everything acknowledged is already committed)."""
@@ -137,28 +133,31 @@ class DataflowService:
 
     @contextmanager
     def _change(self) -> Iterator[None]:
-        """One atomic change; on failure, roll back and reload memory from the store."""
+        """One atomic change; on failure, roll back and reload memory from the store.
+
+        In sync mode the round rules run last, in the same transaction.
+        """
         with self._lock:
+            rounds, completed = self.rounds, False
+            key = None if rounds is None else rounds.lease_key()
             try:
                 with self.store.transaction():
                     yield
-                    self._save_plugins()
+                    if rounds is not None:
+                        completed = rounds.step(self._versions(), self.clock())
+                    self.plugins.save(self.store)
             except BaseException:
                 self._reload()
                 raise
+            if completed:  # the round's batches are servable: wake every long-poll
+                self._notify(set(self.config.policies))
+            wake = self.on_round_change
+            if rounds is not None and key is not None and wake and rounds.more_to_lease(key):
+                wake()
 
     def _reload(self) -> None:
         log.warning("transaction failed; reloading state from the store")
-        self._saved.clear()
         self._load()
-
-    def _save_plugins(self) -> None:
-        for where, (name, plugin) in self.plugins.items():
-            state = plugin.state_dict()
-            text = json.dumps(state, sort_keys=True)
-            if self._saved.get(where) != text:
-                self.store.set_meta(f"plugin.{where}", {"type": name, "state": state})
-                self._saved[where] = text
 
     def _notify(self, policies: set[str]) -> None:
         if self.on_buffer_change is not None:
@@ -193,12 +192,22 @@ class DataflowService:
             self.telemetry.node(req.node_id, req.pool, req.stats)
             sources = [s for s in self.config.sources if s.workflow in req.workflows]
             needed = {p for s in sources for p in s.policies}
-            refresh = regulation.admission(
-                sorted(needed), req.versions, {p: v.version for p, v in self.latest.items()},
-                {p: c.max_staleness for p, c in self.config.policies.items()},
-            )  # fmt: skip
-            occupied = {p: self._occupied(p) for p in needed}
-            caps, full = regulation.source_caps(sources, self.config.policies, occupied, refresh)
+            rounds, latest = self.rounds, self._versions()
+            if rounds is None:
+                refresh = regulation.admission(
+                    sorted(needed), req.versions, latest,
+                    {p: c.max_staleness for p, c in self.config.policies.items()},
+                )  # fmt: skip
+                occupied = {p: self._occupied(p) for p in needed}
+                caps, full = regulation.source_caps(
+                    sources, self.config.policies, occupied, refresh
+                )
+            else:  # staleness 0 against the round's version; the round bounds the buffers
+                required = rounds.required(latest)
+                refresh = regulation.admission(
+                    sorted(needed), req.versions, required, dict.fromkeys(required, 0)
+                )
+                caps, full = rounds.lease_caps(sources, refresh), []
             held = self.queue.held(req.node_id)
             allowance = regulation.lease_allowance(
                 self.telemetry.node_rate(req.node_id), self.config.regulation
@@ -210,10 +219,15 @@ class DataflowService:
             )  # fmt: skip
             tasks = []
             if decision.want and caps:
+                max_new = None if rounds is None else rounds.remaining()
                 with self._change():
                     tasks = self.queue.lease(req.node_id, req.pool, decision.want, caps,
-                                             self.clock())  # fmt: skip
+                                             self.clock(), max_new)  # fmt: skip
+                    if rounds is not None:
+                        rounds.add(t.task_id for t in tasks)
             reason = decision.reason(len(tasks), self.queue.exhausted())
+            if rounds is not None and len(tasks) < req.capacity:
+                reason = rounds.blocked(latest) or reason
         return LeaseReply(
             tasks=tasks,
             lease_ttl_s=self.config.lease.ttl_s,
@@ -237,30 +251,9 @@ class DataflowService:
             lease_ttl_s=self.config.lease.ttl_s, lost=lost, versions=dict(self.latest)
         )
 
-    def _validate(self, req: SubmitRequest) -> None:
-        for i, s in enumerate(req.samples):
-            cfg = self.config.policies.get(s.policy)
-            if cfg is None:
-                raise ValidationError(
-                    f"samples[{i}].policy: unknown policy {s.policy!r}; declared: "
-                    f"{', '.join(sorted(self.config.policies))}",
-                    field=f"samples.{i}.policy",
-                )
-            if s.task_id != req.task_id:
-                raise ValidationError(
-                    f"samples[{i}].task_id is {s.task_id!r}, the submission is for {req.task_id!r}",
-                    field=f"samples.{i}.task_id",
-                )
-            try:
-                s.check_vocab(cfg.vocab_size)
-            except ValidationError as exc:
-                raise ValidationError(
-                    f"samples[{i}]: {exc}", field=f"samples.{i}.token_ids"
-                ) from exc
-
     def submit(self, req: SubmitRequest) -> SubmitReply:
         """Store a task's trajectories once (idempotent on ``(task_id, attempt)``)."""
-        self._validate(req)
+        validate_samples(req, self.config.policies)
         with self._lock:
             prior = self.store.get_submission(req.task_id, req.attempt)
             if prior is not None:
@@ -327,7 +320,10 @@ class DataflowService:
         query = BatchQuery(req.policy, req.trainer_id, req.trainer_version, req.min_samples,
                            req.max_samples)  # fmt: skip
         with self._change():
-            taken = self.buffers.take(query, self.clock())
+            if self.rounds is None:
+                taken = self.buffers.take(query, self.clock())
+            else:
+                taken = self.rounds.take(query, self.clock())
         if taken is None:
             return None
         row, data, n = taken
@@ -361,7 +357,7 @@ class DataflowService:
                 )
             with self._change():
                 self.store.insert_version(pv.policy, pv.version, pv.manifest, pv.created_at)
-            self.latest[pv.policy] = pv
+                self.latest[pv.policy] = pv  # before the change ends: sync rounds read it
         log.info("version announced policy=%s version=%d", pv.policy, pv.version)
         return AnnounceReply(latest=pv)
 
@@ -390,11 +386,29 @@ class DataflowService:
                 for p in self.config.policies
             }
             tasks = TaskQueueReport(**self.queue.counts(), exhausted=self.queue.exhausted())
-            plugins = {where: plugin.metrics() for where, (_, plugin) in self.plugins.items()}
+            plugins = self.plugins.metrics()
+            sync = None if self.rounds is None else self.rounds.report(self._versions())
             return build_report(
                 self.telemetry, tasks, self.queue.leased_per_node(), policies, plugins,
-                self.config.lease.ttl_s,
+                self.config.lease.ttl_s, desired=self.pools.desired, sync=sync,
             )  # fmt: skip
+
+    # ------------------------------------------------------------------ admin
+
+    def pool_sizes(self) -> PoolSizes:
+        """Desired, observed and dead-band target node counts per pool."""
+        return PoolSizing.sizes(self.report())
+
+    def set_pool_size(self, req: PoolSizeRequest) -> PoolSize:
+        """Set a pool's desired node count (absolute or relative); returns the pool's sizes."""
+        with self._lock:
+            seen = self.report().pools.get(req.pool)
+            observed, before = 0 if seen is None else seen.nodes, self.pools.desired.get(req.pool)
+            with self._change():
+                nodes = self.pools.set(req, observed)
+            log.info("pool size set pool=%s desired=%d was=%s observed=%d", req.pool, nodes,
+                     before, observed)  # fmt: skip
+            return self.pool_sizes().pools[req.pool]
 
     def health(self) -> dict[str, Any]:
         """Liveness and a few counts."""

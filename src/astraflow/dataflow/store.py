@@ -12,7 +12,8 @@ into the database, so the writer never stalls on it.
     blobs        gid → packed samples                deleted once acked (unless kept for replay)
     batches      batch_id → policy, gids, deadline, state (open|acked|expired)
     versions     (policy, version) → manifest
-    meta         plug-in states; counters          key → JSON
+    round_tasks  task_id → round                 sync mode: which round a task belongs to
+    meta         plug-in states; counters; sync round; desired pool sizes    key → JSON
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ CREATE INDEX IF NOT EXISTS batches_open ON batches(state) WHERE state = 'open';
 CREATE TABLE IF NOT EXISTS versions(
   policy TEXT NOT NULL, version INTEGER NOT NULL, manifest TEXT NOT NULL,
   created_at REAL NOT NULL, PRIMARY KEY(policy, version)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS round_tasks(
+  task_id TEXT PRIMARY KEY, round INTEGER NOT NULL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS round_tasks_round ON round_tasks(round);
 """
 
 SCHEMA_VERSION = "1"
@@ -342,6 +346,21 @@ class Store:
             "(SELECT MAX(version) FROM versions w WHERE w.policy = v.policy)"
         )
         return {str(p): (int(v), str(m), float(t)) for p, v, m, t in cur}
+
+    # ------------------------------------------------------------------ sync rounds
+
+    def set_round(self, task_ids: Iterable[str], round_: int) -> None:
+        """Make tasks members of round ``round_`` (new members, or carried over)."""
+        self._db.executemany(
+            "INSERT INTO round_tasks VALUES(?, ?) ON CONFLICT(task_id) DO UPDATE SET "
+            "round = excluded.round",
+            [(t, round_) for t in task_ids],
+        )
+
+    def round_tasks(self, round_: int) -> list[str]:
+        """Task ids of round ``round_``."""
+        cur = self._db.execute("SELECT task_id FROM round_tasks WHERE round = ?", (round_,))
+        return [str(r[0]) for r in cur]
 
 
 def _batch(row: Sequence[Any]) -> BatchRow:

@@ -126,9 +126,16 @@ class TaskQueue:
     # ------------------------------------------------------------------ lease
 
     def lease(
-        self, node_id: str, pool: str, want: int, caps: Mapping[str, int], now: float
+        self,
+        node_id: str,
+        pool: str,
+        want: int,
+        caps: Mapping[str, int],
+        now: float,
+        max_new: int | None = None,
     ) -> list[Task]:
-        """Up to ``want`` tasks, at most ``caps[source]`` per source: re-queued ones first."""
+        """Up to ``want`` tasks, at most ``caps[source]`` per source: re-queued ones first,
+        then at most ``max_new`` new ones from the selector (None: no such limit)."""
         caps = dict(caps)
         chosen: list[OpenTask] = []
         for task_id in list(self.pending):
@@ -138,7 +145,8 @@ class TaskQueue:
             if caps.get(ot.source.name, 0) > 0:
                 caps[ot.source.name] -= 1
                 chosen.append(ot)
-        fresh = self._select(want - len(chosen), caps, now)
+        new = want - len(chosen)
+        fresh = self._select(new if max_new is None else min(new, max_new), caps, now)
         deadline = now + self.config.ttl_s
         for ot in chosen:
             self.pending.pop(ot.row.task_id, None)
