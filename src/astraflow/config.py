@@ -56,15 +56,31 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
             value = yaml.safe_load(raw) if raw else ""
         except yaml.YAMLError as exc:
             raise ConfigError(f"--set {item!r}: value is not valid YAML: {exc}") from exc
-        node = out
+        node: Any = out
         parts = key.split(".")
         for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} is not a mapping")
-            node = child
-        node[parts[-1]] = value
+            node = _child(node, part, item)
+        if isinstance(node, list):
+            node[_index(node, parts[-1], item)] = value
+        else:
+            node[parts[-1]] = value
     return out
+
+
+def _child(node: Any, part: str, item: str) -> Any:
+    """Step into a mapping (creating it) or a list (by index) for an override."""
+    if isinstance(node, list):
+        return node[_index(node, part, item)]
+    child = node.setdefault(part, {})
+    if not isinstance(child, (dict, list)):
+        raise ConfigError(f"--set {item!r}: {part!r} is not a mapping or list")
+    return child
+
+
+def _index(node: list[Any], part: str, item: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"--set {item!r}: {part!r} is not an index of a list of {len(node)}")
+    return int(part)
 
 
 def load_config(

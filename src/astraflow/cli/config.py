@@ -19,6 +19,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from astraflow.errors import AstraflowError
+    from astraflow.config import load_config
+    from astraflow.launch.config import RunConfig
 
-    raise AstraflowError("'astraflow config show' needs the run config (issue 6)")
+    overrides = list(args.overrides)
+    if args.run_dir:
+        overrides.append(f"run_dir={args.run_dir}")
+    config = load_config(RunConfig, args.config, overrides)
+    print(config.model_dump_json(indent=2))
+    return 0

@@ -1,0 +1,38 @@
+"""``EvalConfig``: which policy, which held-out tasks, how to prompt and score them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from astraflow.config import ConfigModel
+from astraflow.plugins import PluginSpec
+from astraflow.records import Name
+
+__all__ = ["EvalConfig"]
+
+
+class EvalConfig(ConfigModel):
+    """One evaluator process: a policy, its weight store, a held-out task set."""
+
+    policy: Name
+    """Policy whose versions are evaluated."""
+    weights: str
+    """Weight store: a directory, an fsspec URL or a weight server URL."""
+    generator: PluginSpec
+    """Task generator of the held-out set (rows with the fields the workflow's prompt uses)."""
+    workflow: dict[str, Any] = Field(default_factory=lambda: {"type": "rlvr"})
+    """Workflow spec whose prompt and reward settings are used (single-role workflows)."""
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Generation bound (default: the workflow's sampling.max_new_tokens)."""
+    every_s: float = Field(default=5.0, gt=0)
+    """Evaluate the newest version at most this often."""
+    batch_size: int = Field(default=256, ge=1)
+    """Prompts per greedy generation batch."""
+    out: str = "eval.jsonl"
+    """JSONL file the results are appended to."""
+    seed: int = 0
+    """Seed of the reward plug-ins."""
+    threads: int = Field(default=1, ge=1)
+    """torch threads (evaluation should not starve trainers and nodes)."""

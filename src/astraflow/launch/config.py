@@ -1,0 +1,250 @@
+"""``RunConfig``: one YAML file describing a whole run, and the component configs it implies.
+
+The run config mirrors the system: policies (model + trainer + rollout settings), task
+sources, workflows, rollout pools, the dataflow's plug-ins and regulation, the weight store,
+evaluation. ``plan()`` turns it into the configs each component is started with; launch
+code never interprets them further (each component validates its own).
+
+    RunConfig ──plan()──► DataflowConfig · TrainerConfig per policy · NodeConfig per node
+                          · EvalConfig per evaluated policy
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from astraflow.config import ConfigModel
+from astraflow.dataflow.config import (
+    AuthConfig,
+    LeaseConfig,
+    PluginField,
+    RegulationConfig,
+    ReportConfig,
+    SourceConfig,
+)
+from astraflow.models import ModelSpec
+from astraflow.plugins import PluginSpec
+from astraflow.records import Name
+
+__all__ = [
+    "AutoscaleConfig",
+    "DataflowSection",
+    "EvalSection",
+    "PolicySection",
+    "PoolSection",
+    "RunConfig",
+    "WarmupSection",
+]
+
+
+class WarmupSection(ConfigModel):
+    """SFT warm-up before RL: pairs from a JSONL file or from a task generator."""
+
+    pairs: str | None = None
+    """JSONL file of ``{"prompt", "completion"}`` objects (relative to the config file)."""
+    generator: PluginSpec | None = None
+    """Or a task generator whose rows have ``prompt`` and ``completion`` (e.g. noisy_sft)."""
+    steps: int = Field(default=300, ge=1)
+    """SFT optimizer steps."""
+    lr: float = Field(default=3e-3, gt=0)
+    """SFT learning rate."""
+    batch_size: int = Field(default=64, ge=1)
+    """Pairs per SFT step."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WarmupSection:
+        if (self.pairs is None) == (self.generator is None):
+            raise ValueError("warmup needs exactly one of 'pairs' (a file) or 'generator'")
+        return self
+
+
+class PolicySection(ConfigModel):
+    """One trained policy: its model, its trainer, and how rollout nodes host it."""
+
+    model: ModelSpec
+    """The policy's model (pretrained by name/path, or built from a config)."""
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    """``TrainerConfig`` fields (loss, optimizer, batch, publish_dtype, max_steps, backend ...);
+    policy, model, URLs, run_dir and seed are filled in by the launcher."""
+    warmup: WarmupSection | None = None
+    """SFT warm-up before version 0 (fresh runs only)."""
+    rollout: dict[str, Any] = Field(default_factory=dict)
+    """Node-side ``PolicyConfig`` fields for this policy: engine, refresh, staleness_budget."""
+    max_staleness: int = Field(default=1, ge=0)
+    """Trainer versions a sample may lag when served (and a node's weights when leasing)."""
+    max_buffered: int = Field(default=4096, ge=1)
+    """Backpressure cap on buffered + in-flight samples of this policy."""
+    vocab_size: int | None = Field(default=None, ge=1)
+    """Token-id bound checked on ingest (default: the model's vocabulary size)."""
+    frozen: bool = False
+    """Served but never trained (a judge or tool model): no trainer is started."""
+    processes: int = Field(default=1, ge=1)
+    """Trainer processes (FSDP2 ranks under torchrun when > 1; set trainer.backend: fsdp2)."""
+
+
+class PoolSection(ConfigModel):
+    """A group of identical rollout nodes with one pool label."""
+
+    name: Name = "local"
+    """Pool label (region, hardware ...) every node of the pool reports."""
+    nodes: int = Field(default=1, ge=0)
+    """Nodes started with the run."""
+    capacity: int = Field(default=8, ge=1)
+    """Tasks each node runs at once."""
+    node: dict[str, Any] = Field(default_factory=dict)
+    """Extra ``NodeConfig`` fields for every node of the pool (timeouts, lease_wait_s ...)."""
+    policies: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per-policy overrides of ``PolicySection.rollout`` for this pool (e.g. another engine)."""
+    min_nodes: int = Field(default=0, ge=0)
+    """Autoscaler lower bound."""
+    max_nodes: int = Field(default=8, ge=0)
+    """Autoscaler upper bound."""
+
+
+class DataflowSection(ConfigModel):
+    """Dataflow-service settings beyond what policies and sources imply."""
+
+    port: int = Field(default=0, ge=0, le=65535)
+    """Port of the dataflow service (0: a free port, chosen at each launch)."""
+    host: str = "127.0.0.1"
+    """Address the service binds to."""
+    selector: PluginField = "shuffled"
+    """Before-rollout plug-in (TaskSelector)."""
+    filters: list[PluginField] = Field(default_factory=list)
+    """After-rollout plug-ins (TrajectoryFilter), applied in order."""
+    sampler: PluginField = "fifo"
+    """Batch-serving plug-in (BatchSampler)."""
+    lease: LeaseConfig = Field(default_factory=LeaseConfig)
+    """Lease time-to-live and attempts."""
+    regulation: RegulationConfig = Field(default_factory=RegulationConfig)
+    """Backpressure and lease sizing."""
+    report: ReportConfig = Field(default_factory=ReportConfig)
+    """Report window and dead-band pool target."""
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    """Bearer tokens per role (also from ASTRAFLOW_*_TOKEN)."""
+
+
+class EvalSection(ConfigModel):
+    """Greedy evaluation of each new version of a policy on a held-out task set."""
+
+    policy: Name
+    """Policy to evaluate."""
+    generator: PluginSpec
+    """Task generator of the held-out set (e.g. ``{type: add1, split: eval, size: 200}``)."""
+    workflow: Name = "rlvr"
+    """Workflow (in ``workflows``) whose prompt and reward settings are used."""
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Generation bound (default: the workflow's sampling.max_new_tokens)."""
+    every_s: float = Field(default=5.0, gt=0)
+    """Evaluate the newest version at most this often."""
+    batch_size: int = Field(default=256, ge=1)
+    """Prompts per greedy generation batch."""
+
+
+class AutoscaleConfig(ConfigModel):
+    """Follow the dataflow's dead-band target pool size between each pool's min and max."""
+
+    enabled: bool = False
+    """Resize pools automatically (``astraflow pool add|remove`` works either way)."""
+    interval_s: float = Field(default=10.0, gt=0)
+    """How often the target is read."""
+
+
+class RunConfig(ConfigModel):
+    """A whole run: policies, data, workflows, pools, plug-ins, evaluation."""
+
+    run_dir: Path = Path("runs/run")
+    """Everything is written here; the same run_dir resumes a run."""
+    seed: int = 0
+    """Run seed: plug-ins, workflows, trainers and model init derive theirs from it."""
+    mode: Literal["async", "sync"] = "async"
+    """'async': autonomous components (the design); 'sync': trainer-centred lock-step rounds
+    (generate a full batch, wait, train, push weights, repeat), for comparison."""
+    policies: dict[Name, PolicySection] = Field(min_length=1)
+    """Policies by name; each trained one gets a trainer."""
+    sources: list[SourceConfig] = Field(min_length=1)
+    """Task sources (each names its workflow, the policies it uses, group size, epochs)."""
+    workflows: dict[Name, dict[str, Any]] = Field(default_factory=dict)
+    """Workflow configs by the name tasks use (``type`` defaults to the name)."""
+    tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Tools offered to every workflow, by registry name."""
+    pools: list[PoolSection] = Field(default_factory=lambda: [PoolSection()])
+    """Rollout pools started with the run."""
+    dataflow: DataflowSection = Field(default_factory=DataflowSection)
+    """Dataflow-service settings."""
+    weights: dict[str, Any] = Field(default_factory=dict)
+    """``WeightStoreConfig`` fields (full_every, keep ...)."""
+    serve_weights: bool = False
+    """Serve the weight store over HTTP (nodes on other machines); local nodes read the
+    directory either way."""
+    eval: list[EvalSection] = Field(default_factory=list)
+    """Held-out evaluations, one process each."""
+    autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
+    """Pool autoscaling."""
+    sync_round_tasks: int | None = Field(default=None, ge=1)
+    """Tasks per round in sync mode (default: one trainer batch worth of tasks)."""
+    threads: dict[Literal["trainer", "node", "eval"], int] = Field(default_factory=dict)
+    """torch threads per component kind (OMP_NUM_THREADS); unset: torch's default."""
+    max_time_s: float | None = Field(default=None, gt=0)
+    """Stop the run after this long (None: when every trainer reaches max_steps)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        problems = self._policy_references()
+        pools = [p.name for p in self.pools]
+        if len(set(pools)) != len(pools):
+            problems.append(f"pool names must be unique, got {pools}")
+        if not any(not p.frozen for p in self.policies.values()):
+            problems.append("no policy is trained (every policy is frozen)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def _policy_references(self) -> list[str]:
+        """Every place that names a policy or workflow must name a known one."""
+        problems = []
+        known = set(self.policies)
+        names = ", ".join(sorted(known))
+        for src in self.sources:
+            problems += [
+                f"source {src.name!r} uses policy {p!r}, which is not in policies ({names})"
+                for p in src.policies
+                if p not in known
+            ]
+            if src.workflow not in self.workflows and src.workflow not in _BUILTIN_WORKFLOWS:
+                problems.append(
+                    f"source {src.name!r} names workflow {src.workflow!r}, which is neither in "
+                    "workflows nor a built-in"
+                )
+        for name, wf in self.workflows.items():
+            problems += [
+                f"workflow {name!r} has {role}: {value!r}, a policy nobody trains or serves "
+                f"(policies: {names})"
+                for role, value in wf.items()
+                if role in _ROLE_KEYS and isinstance(value, str) and value not in known
+            ]
+        problems += [
+            f"eval policy {ev.policy!r} is not in policies"
+            for ev in self.eval
+            if ev.policy not in known
+        ]
+        return problems
+
+    @property
+    def trained(self) -> list[str]:
+        """Names of the policies that get a trainer."""
+        return [n for n, p in self.policies.items() if not p.frozen]
+
+
+_BUILTIN_WORKFLOWS = {
+    "rlvr",
+    "tool_calling",
+    "solver_verifier",
+    "solver_selector",
+    "solver_testgen",
+}
+# workflow config keys that name a policy (the roles of the built-in workflows)
+_ROLE_KEYS = {"policy", "solver", "verifier", "selector", "testgen"}

@@ -1,0 +1,99 @@
+"""End-of-run plots from the files components wrote: ``reward.png`` and ``throughput.png``.
+
+Time is measured from the first trainer step of the run (RL start), so curves of different
+runs line up. Uses matplotlib's Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_plots"]
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def write_plots(run_dir: Path) -> list[Path]:
+    """Write ``reward.png`` and ``throughput.png`` into ``run_dir``; return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = {p.parent.name: _records(p) for p in sorted(run_dir.glob("trainers/*/metrics.jsonl"))}
+    evals = {p.stem: _records(p) for p in sorted(run_dir.glob("eval/*.jsonl"))}
+    starts = [r[0]["time"] for r in metrics.values() if r and "time" in r[0]]
+    starts += [r[0]["created_at"] for r in evals.values() if r and r[0].get("created_at")]
+    t0 = min(starts) if starts else 0.0
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for policy, recs in metrics.items():
+        xs = [r["time"] - t0 for r in recs if r.get("reward_mean") is not None]
+        ys = [r["reward_mean"] for r in recs if r.get("reward_mean") is not None]
+        ax1.plot(xs, _smooth(ys), label=f"{policy} (sampled, smoothed)")
+    ax1.set(xlabel="seconds since RL start", ylabel="mean reward", title="training reward")
+    for policy, recs in evals.items():
+        xs = [r["created_at"] - t0 for r in recs if r.get("created_at")]
+        ys = [r["accuracy"] for r in recs if r.get("created_at")]
+        ax2.plot(xs, ys, marker=".", label=f"{policy} (greedy, held-out)")
+    ax2.set(xlabel="seconds since RL start (version published)", ylabel="accuracy",
+            title="held-out accuracy", ylim=(0, 1.02))  # fmt: skip
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    reward_png = run_dir / "reward.png"
+    fig.savefig(reward_png, dpi=110)
+    plt.close(fig)
+
+    reports = _records(run_dir / "report.jsonl")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    if reports:
+        r0 = reports[0]["time"]
+        xs = [r["time"] - r0 for r in reports]
+        pools = sorted({p for r in reports for p in r.get("pools", {})})
+        for pool in pools:
+            ys = [r.get("pools", {}).get(pool, {}).get("samples_per_s", 0.0) for r in reports]
+            ax1.plot(xs, ys, label=f"pool {pool} produced")
+        trainers = sorted({t for r in reports for t in r.get("trainers", {})})
+        for t in trainers:
+            ys = [r.get("trainers", {}).get(t, {}).get("samples_per_s", 0.0) for r in reports]
+            ax1.plot(xs, ys, linestyle="--", label=f"{t} consumed")
+            ws = [r.get("trainers", {}).get(t, {}).get("waiting_fraction", 0.0) for r in reports]
+            ax2.plot(xs, ws, label=t)
+    ax1.set(xlabel="seconds", ylabel="samples/s", title="throughput (report window)")
+    ax2.set(xlabel="seconds", ylabel="fraction", title="trainer time waiting for batches",
+            ylim=(0, 1.02))  # fmt: skip
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    throughput_png = run_dir / "throughput.png"
+    fig.savefig(throughput_png, dpi=110)
+    plt.close(fig)
+    return [reward_png, throughput_png]
+
+
+def _smooth(ys: list[float], window: int = 20) -> list[float]:
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= window:
+            acc -= ys[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
