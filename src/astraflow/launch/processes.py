@@ -49,6 +49,8 @@ class Proc:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     restart: bool = True
+    """Restart in place after a crash; False: the process is replaceable, a crash is logged
+    and the owner (the pool manager) starts a fresh one."""
     max_restarts: int = 3
     popen: subprocess.Popen[bytes] | None = None
     restarts: int = 0
@@ -129,7 +131,10 @@ class ProcessGroup:
             if proc.stopping or proc.exit_code == 0:
                 log.info("%s exited code=%s", proc.name, proc.exit_code)
                 continue
-            if proc.restart and proc.restarts < proc.max_restarts:
+            if not proc.restart:  # replaceable (rollout nodes): the pool manager replaces it
+                log.warning("%s crashed code=%s\n%s", proc.name, proc.exit_code, proc.tail(8))
+                continue
+            if proc.restarts < proc.max_restarts:
                 proc.restarts += 1
                 log.warning(
                     "%s crashed code=%s; restart %d/%d\n%s",
