@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -60,5 +61,5 @@ def test_ctrl_c_then_crash_then_resume(tmp_path: Path) -> None:
     assert proc.returncode == 0, out.decode()[-3000:]
     versions = _versions(run_dir)
     assert versions[-1] == target
-    assert all(b > a for a, b in zip(versions, versions[1:], strict=False)), "versions repeat"
+    assert all(b > a for a, b in itertools.pairwise(versions)), "versions repeat"
     assert processes_mentioning(str(run_dir)) == []
