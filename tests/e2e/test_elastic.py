@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -84,4 +85,47 @@ def test_pool_resize_and_node_crash_lose_no_task(tmp_path: Path) -> None:
         thread.join(timeout=120)
         client.close()
     assert results and results[0].reason == "stopped", results
+    assert processes_mentioning(str(run_dir)) == []
+
+
+@pytest.mark.timeout(180)
+def test_autoscaler_follows_the_dead_band_target(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="astraflow.launch.pools")
+    run_dir = tmp_path / "autoscale"
+    # the trainer waits ~20% of the time; a band of 1-2% makes rollout look like the
+    # bottleneck, so the dead-band target grows by one node per decision, up to max_nodes
+    config = reduced_quickstart(
+        run_dir,
+        "eval=[]",
+        "dataflow.report.window_s=4",
+        "dataflow.report.band=[0.01, 0.02]",
+        "autoscale.enabled=true",
+        "autoscale.interval_s=2",
+        "pools.0.min_nodes=1",
+        "pools.0.max_nodes=3",
+        steps=100_000,
+    )
+    run = LocalRun(config, tick_s=0.5)
+    stop = threading.Event()
+    results: list[RunResult] = []
+    thread = threading.Thread(target=lambda: results.append(run.run(stop)))
+    thread.start()
+    try:
+        wait_for(lambda: len(node_processes(run_dir)) == 3, 120, "the pool to grow to max_nodes")
+        with DataflowClient(run.plan.dataflow_url, timeout_s=10) as client:
+            assert client.pool_sizes().pools["local"].desired == 3
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert results and results[0].reason == "stopped"
+    decisions = run.pools.decisions
+    assert decisions[:2] == [
+        "autoscale pool=local 1 -> 2 nodes (target 2)",
+        "autoscale pool=local 2 -> 3 nodes (target 3)",
+    ], decisions
+    assert all("-> 4" not in d for d in decisions), "max_nodes is a hard bound"
+    logged = [r.getMessage() for r in caplog.records if r.name == "astraflow.launch.pools"]
+    assert all(d in logged for d in decisions), "each decision is logged"
     assert processes_mentioning(str(run_dir)) == []
