@@ -108,11 +108,12 @@ def _serve(args: argparse.Namespace) -> int:
 def _run(config: Any) -> int:
     import asyncio
     import signal
+    import threading
 
-    from astraflow.raas.node import RolloutNode
+    from astraflow.raas.node import run_node
 
     async def main() -> None:
-        node = RolloutNode(config)
+        stop = threading.Event()
         loop = asyncio.get_running_loop()
         current = asyncio.current_task()
         signals = {"count": 0}
@@ -120,13 +121,13 @@ def _run(config: Any) -> int:
         def on_signal() -> None:
             signals["count"] += 1
             if signals["count"] == 1:
-                node.request_stop()
+                stop.set()
             elif current is not None:
                 current.cancel()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
-        await node.run()
+        await run_node(config, stop)
 
     try:
         asyncio.run(main())

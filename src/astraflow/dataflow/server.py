@@ -1,6 +1,7 @@
 """Serve the dataflow service over HTTP with uvicorn (``astraflow dataflow serve``).
 
-serve(config): write run_dir/dataflow.config.json → open the state → listen until SIGTERM
+serve(config, stop): write run_dir/dataflow.config.json → open the state → listen until
+    SIGTERM or the stop event
 ThreadedServer: the same app on a background thread (tests, benchmarks, embedding)
 """
 
@@ -47,14 +48,32 @@ def _uvicorn_config(app: Starlette, host: str, port: int) -> uvicorn.Config:
     )
 
 
-def serve(config: DataflowConfig) -> None:
-    """Run the service in this process until it is stopped (SIGINT / SIGTERM)."""
+def serve(config: DataflowConfig, stop: threading.Event | None = None) -> None:
+    """Run the service in this thread until SIGINT / SIGTERM (main thread) or ``stop`` is set;
+    either stops it the same way: open requests get ``GRACEFUL_SHUTDOWN_S``, then the state
+    is closed."""
     config.run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, config.run_dir / "dataflow.config.json")
     app = build_app(config)
     log.info("dataflow serving url=http://%s:%d run_dir=%s", config.host, config.port,
              config.run_dir)  # fmt: skip
-    uvicorn.Server(_uvicorn_config(app, config.host, config.port)).run()
+    server = uvicorn.Server(_uvicorn_config(app, config.host, config.port))
+    if stop is None:
+        server.run()
+        return
+    done = threading.Event()
+
+    def watch() -> None:  # the stop event does what a signal does: ask uvicorn to exit
+        while not done.is_set():
+            if stop.wait(0.2):
+                server.should_exit = True
+                return
+
+    threading.Thread(target=watch, name="dataflow-stop", daemon=True).start()
+    try:
+        server.run()
+    finally:
+        done.set()
 
 
 class ThreadedServer:

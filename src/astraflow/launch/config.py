@@ -30,11 +30,14 @@ from astraflow.plugins import PluginSpec
 from astraflow.records import Name
 
 __all__ = [
+    "COMPONENT_KINDS",
+    "ActorResources",
     "AutoscaleConfig",
     "DataflowSection",
     "EvalSection",
     "PolicySection",
     "PoolSection",
+    "RaySection",
     "RunConfig",
     "WarmupSection",
 ]
@@ -153,6 +156,69 @@ class AutoscaleConfig(ConfigModel):
     """How often the target is read."""
 
 
+#: Component kinds a launcher starts (the keys of ``ray.resources``, besides ``node:<pool>``).
+COMPONENT_KINDS = ("dataflow", "weights", "trainer", "node", "eval")
+
+
+class ActorResources(ConfigModel):
+    """What one component's Ray actor asks the cluster for."""
+
+    num_cpus: float = Field(default=0.0, ge=0)
+    """Logical CPUs reserved for the actor."""
+    num_gpus: float = Field(default=0.0, ge=0)
+    """GPUs (Ray sets CUDA_VISIBLE_DEVICES for the actor)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources, e.g. ``{"head": 0.01}`` to place it on machines that offer one."""
+
+
+#: What a kind asks for when ``ray.resources`` does not name it.
+_DEFAULT_RESOURCES = {"trainer": ActorResources(num_cpus=1), "node": ActorResources(num_cpus=1)}
+
+
+class RaySection(ConfigModel):
+    """Where ``astraflow run --cluster ray`` places the components, and what each asks for."""
+
+    address: str | None = None
+    """Cluster to join ('auto', 'HOST:6379'); unset: $RAY_ADDRESS, else a local Ray started
+    for the run (and stopped after it)."""
+    num_cpus: int | None = Field(default=None, ge=1)
+    """Logical CPUs of a local Ray (default: this machine's)."""
+    resources: dict[str, ActorResources] = Field(default_factory=dict)
+    """Per component kind (dataflow, weights, trainer, node, eval) or per pool ('node:<pool>',
+    overriding 'node'); a kind not listed: 1 CPU for trainers and nodes, nothing for others."""
+    runtime_env: dict[str, Any] = Field(default_factory=dict)
+    """Ray runtime_env of the run's job (env_vars, working_dir, pip ...)."""
+    place_timeout_s: float = Field(default=300.0, gt=0)
+    """A dataflow, trainer, weight server or evaluator the cluster cannot place within this
+    long fails the run (a node waits for resources as long as it takes)."""
+
+    @model_validator(mode="after")
+    def _known_kinds(self) -> RaySection:
+        bad = [
+            key
+            for key in self.resources
+            if key not in COMPONENT_KINDS and not key.startswith("node:")
+        ]
+        if bad:
+            raise ValueError(
+                f"resources: unknown component kind(s) {bad}; use "
+                f"{', '.join(COMPONENT_KINDS)} or node:<pool>"
+            )
+        if self.address is not None and self.address.startswith("ray://"):
+            raise ValueError(
+                "address: Ray Client (ray://) is not supported: run the launcher on a "
+                "machine of the cluster (address 'auto' or 'HOST:6379')"
+            )
+        return self
+
+    def actor_resources(self, kind: str) -> ActorResources:
+        """Resources of a component of ``kind`` ('node:<pool>' falls back to 'node')."""
+        for key in (kind, kind.split(":", 1)[0]):
+            if key in self.resources:
+                return self.resources[key]
+        return _DEFAULT_RESOURCES.get(kind.split(":", 1)[0], ActorResources())
+
+
 class RunConfig(ConfigModel):
     """A whole run: policies, data, workflows, pools, plug-ins, evaluation."""
 
@@ -190,6 +256,8 @@ class RunConfig(ConfigModel):
     """torch threads per component kind (OMP_NUM_THREADS); unset: torch's default."""
     max_time_s: float | None = Field(default=None, gt=0)
     """Stop the run after this long (None: when every trainer reaches max_steps)."""
+    ray: RaySection = Field(default_factory=RaySection)
+    """Ray cluster and per-component resources (``astraflow run --cluster ray`` only)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -197,6 +265,11 @@ class RunConfig(ConfigModel):
         pools = [p.name for p in self.pools]
         if len(set(pools)) != len(pools):
             problems.append(f"pool names must be unique, got {pools}")
+        problems += [
+            f"ray.resources: {key!r} names no pool (pools: {', '.join(pools)})"
+            for key in self.ray.resources
+            if key.startswith("node:") and key.split(":", 1)[1] not in pools
+        ]
         if not any(not p.frozen for p in self.policies.values()):
             problems.append("no policy is trained (every policy is frozen)")
         if problems:

@@ -1,4 +1,4 @@
-"""Run every component of a run as a local process, supervise them, stop them cleanly.
+"""Run every component of a run, supervise them, stop them cleanly: the launcher's one loop.
 
     plan ─► dataflow ─(healthy)─► [weight server] ─► trainers ─► nodes per pool ─► evaluators
                                                                   │
@@ -7,10 +7,12 @@
                                                                   │
     end: every trainer done, max_time_s, or stop ─► nodes ─► evaluators ─► trainers ─► dataflow
 
-The launcher holds no component logic: it starts ``astraflow <component> --config FILE``
-processes from a :class:`~astraflow.launch.plan.Plan` and talks to the dataflow service only
-through its client, like any other component. Starting it again with the same run
-directory resumes the run (the dataflow reopens its SQLite state, trainers their checkpoints).
+:class:`Launcher` holds that loop and no component logic; a subclass only says how one
+component is hosted (:meth:`Launcher._component`): :class:`LocalRun` starts
+``astraflow <component> --config FILE`` processes, ``launch.ray.RayRun`` Ray actors. The
+launcher talks to the dataflow service only through its client, like any other component.
+Starting it again with the same run directory resumes the run (the dataflow reopens its
+SQLite state, trainers their checkpoints).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel
 
 from astraflow.config import dump_config
 from astraflow.dataflow.client import DataflowClient
@@ -31,10 +34,10 @@ from astraflow.errors import AstraflowError, ServiceUnavailableError
 from astraflow.launch.config import PoolSection, RunConfig
 from astraflow.launch.plan import Plan, make_plan, node_config
 from astraflow.launch.pools import PoolManager
-from astraflow.launch.processes import Proc, ProcessGroup
+from astraflow.launch.processes import Component, ComponentGroup, Proc
 from astraflow.launch.status import RunStatus, StatusCollector
 
-__all__ = ["LocalRun", "RunResult"]
+__all__ = ["ComponentSpec", "Launcher", "LocalRun", "RunResult"]
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +59,37 @@ class RunResult:
         return self.reason != "failed"
 
 
-class LocalRun:
-    """A run on this machine: one process per component."""
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One component to start, whatever hosts it (a process, a Ray actor)."""
+
+    name: str
+    """Unique in the run; also names its config file and its log."""
+    kind: str
+    """'dataflow', 'weights', 'trainer', 'node:<pool>' or 'eval'."""
+    command: tuple[str, ...]
+    """The ``astraflow`` subcommand that runs it, e.g. ``("raas", "serve")``."""
+    config: BaseModel | None = None
+    """Its config (written to the plan's component file, read with ``--config``)."""
+    options: dict[str, str] = field(default_factory=dict)
+    """Command-line options of ``command`` (the weight server: root, host, port)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment (thread counts)."""
+    ranks: int = 1
+    """Processes (FSDP2 ranks) of a trainer."""
+    restart: bool = True
+    """Restart in place after a crash (False: replaceable, the pool manager replaces it)."""
+    max_restarts: int = 3
+    """Restarts before the run fails."""
+
+    @property
+    def entry(self) -> str:
+        """The component kind without its pool: dataflow, weights, trainer, node, eval."""
+        return self.kind.split(":", 1)[0]
+
+
+class Launcher:
+    """The supervision every launcher shares; subclasses host the components."""
 
     def __init__(
         self,
@@ -67,45 +99,57 @@ class LocalRun:
         port: int | None = None,
         on_tick: Callable[[RunStatus], None] | None = None,
         tick_s: float = 1.0,
-        python: str = sys.executable,
     ) -> None:
         self.config = config
-        self.plan: Plan = make_plan(
-            config, port=port or config.dataflow.port or _free_port(), base_dir=base_dir
-        )
+        self.base_dir = base_dir
         self.on_tick = on_tick
         self.tick_s = tick_s
-        self.python = python
-        self.group = ProcessGroup(on_failure=self._failed)
+        self.group = ComponentGroup(on_failure=self._failed)
         self.failures: list[str] = []
-        self.client = DataflowClient(self.plan.dataflow_url, timeout_s=10.0, retries=2)
-        self.pools = PoolManager(
-            self.client, config.pools, self.start_node, self.stop_node, self._node_alive,
-            config.autoscale,
-        )  # fmt: skip
         self.weights_url: str | None = None
-        self.status = StatusCollector(self.client, self.plan.run_dir, list(config.policies))
         self.started = time.monotonic()
+        port = port or config.dataflow.port or _free_port()
+        self._bind(make_plan(config, port=port, base_dir=base_dir))
+
+    def _bind(self, plan: Plan) -> None:
+        """Use ``plan`` (and the dataflow URL it names) from now on."""
+        self.plan = plan
+        self.client = DataflowClient(plan.dataflow_url, timeout_s=10.0, retries=2)
+        self.pools = PoolManager(
+            self.client, self.config.pools, self.start_node, self.stop_node, self._node_alive,
+            self.config.autoscale,
+        )  # fmt: skip
+        self.status = StatusCollector(self.client, plan.run_dir, list(self.config.policies))
+
+    # ------------------------------------------------------------------ hosting (subclasses)
+
+    def _component(self, spec: ComponentSpec) -> Component:
+        """The (not yet started) component that runs ``spec``."""
+        raise NotImplementedError
+
+    def _endpoint(self, name: str) -> tuple[str, int]:
+        """Address and free port where component ``name`` will listen."""
+        return self.plan.dataflow.host, _free_port()
+
+    def _serve_weights(self) -> bool:
+        """Whether nodes pull weights from a weight server (else from the directory)."""
+        return self.config.serve_weights
 
     # ------------------------------------------------------------------ components
 
-    def _argv(self, component: list[str], config_file: Path) -> list[str]:
-        return [self.python, "-m", "astraflow", *component, "--config", str(config_file)]
-
-    def _proc(self, name: str, kind: str, argv: list[str], **kw: Any) -> Proc:
-        return self.group.add(
-            Proc(name, kind, argv, self.plan.run_dir / "logs" / f"{name}.log", **kw)
-        )
+    def _start(self, spec: ComponentSpec) -> Component:
+        if spec.config is not None:
+            dump_config(spec.config, self.plan.component_file(spec.name))
+        return self.group.add(self._component(spec))
 
     def start_dataflow(self) -> None:
         """Start the dataflow service and wait until it answers."""
-        proc = self._proc(
-            "dataflow", "dataflow",
-            self._argv(["dataflow", "serve"], self.plan.component_file("dataflow")),
-        )  # fmt: skip
+        proc = self._start(
+            ComponentSpec("dataflow", "dataflow", ("dataflow", "serve"), self.plan.dataflow)
+        )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if not proc.alive:
+            if proc.poll() is not None:
                 raise AstraflowError(f"the dataflow service exited at start:\n{proc.tail()}")
             try:
                 self.client.health()
@@ -116,62 +160,51 @@ class LocalRun:
 
     def start_weight_server(self) -> None:
         """Serve the weight store over HTTP (for nodes on other machines)."""
-        port = _free_port()
-        self._proc(
-            "weights", "weights",
-            [self.python, "-m", "astraflow", "weights", "serve", "--root",
-             str(self.plan.weights_root), "--host", self.plan.dataflow.host, "--port", str(port)],
-        )  # fmt: skip
-        self.weights_url = f"http://{self.plan.dataflow.host}:{port}"
+        host, port = self._endpoint("weights")
+        options = {"root": str(self.plan.weights_root), "host": host, "port": str(port)}
+        self._start(ComponentSpec("weights", "weights", ("weights", "serve"), options=options))
+        self.weights_url = f"http://{host}:{port}"
 
     def start_trainer(self, policy: str) -> None:
         """Start the trainer of ``policy`` (FSDP2 ranks under torchrun)."""
         cfg = self.plan.trainers[policy]
-        file = self.plan.component_file(f"trainer-{policy}")
-        ranks = self.config.policies[policy].processes
-        if ranks > 1:
-            argv = [self.python, "-m", "torch.distributed.run", "--standalone",
-                    f"--nproc-per-node={ranks}", "-m", "astraflow", "train",
-                    "--config", str(file)]  # fmt: skip
-        else:
-            argv = self._argv(["train"], file)
-        env = _threads_env(self.config.threads.get("trainer"))
-        self._proc(f"trainer-{policy}", "trainer", argv, env=env, max_restarts=5)
+        self._start(
+            ComponentSpec(
+                f"trainer-{policy}", "trainer", ("train",), cfg,
+                env=_threads_env(self.config.threads.get("trainer")),
+                ranks=self.config.policies[policy].processes, max_restarts=5,
+            )
+        )  # fmt: skip
         log.info("trainer policy=%s run_dir=%s", policy, cfg.run_dir)
 
     def start_node(self, pool: PoolSection) -> str:
         """Start one node of ``pool``; returns its node id."""
         cfg = node_config(self.plan, pool, weights=self.weights_url)
-        file = self.plan.component_file(f"node-{cfg.node_id}")
-        dump_config(cfg, file)
-        env = _threads_env(self.config.threads.get("node"))
-        self._proc(
-            f"node-{cfg.node_id}", f"node:{pool.name}",
-            self._argv(["raas", "serve"], file), env=env, restart=False,
+        self._start(
+            ComponentSpec(
+                f"node-{cfg.node_id}", f"node:{pool.name}", ("raas", "serve"), cfg,
+                env=_threads_env(self.config.threads.get("node")), restart=False,
+            )
         )  # fmt: skip
         return cfg.node_id
 
     def stop_node(self, node_id: str) -> None:
-        """Retire a node: SIGTERM (it hands its leases back and exits)."""
+        """Retire a node gracefully (it hands its leases back and exits)."""
         proc = self.group.procs.get(f"node-{node_id}")
         if proc is not None:
             proc.stopping = True
-            proc.signal(15)
+            proc.terminate()
 
     def _node_alive(self, node_id: str) -> bool:
-        proc = self.group.procs.get(f"node-{node_id}")
-        return proc is not None and proc.alive
+        return self.group.alive(f"node-{node_id}")
 
     def start_evals(self) -> None:
         """Start one evaluator per evaluated policy."""
         env = _threads_env(self.config.threads.get("eval", 1))
-        for policy in self.plan.evals:
-            self._proc(
-                f"eval-{policy}", "eval",
-                self._argv(["eval"], self.plan.component_file(f"eval-{policy}")), env=env,
-            )  # fmt: skip
+        for policy, cfg in self.plan.evals.items():
+            self._start(ComponentSpec(f"eval-{policy}", "eval", ("eval",), cfg, env=env))
 
-    def _failed(self, proc: Proc) -> None:
+    def _failed(self, proc: Component) -> None:
         self.failures.append(proc.name)
 
     # ------------------------------------------------------------------ run
@@ -186,7 +219,7 @@ class LocalRun:
             self._check_resume()
             self.plan.write()
             self.start_dataflow()
-            if self.config.serve_weights:
+            if self._serve_weights():
                 self.start_weight_server()
             for policy in self.plan.trainers:
                 self.start_trainer(policy)
@@ -215,7 +248,7 @@ class LocalRun:
                 self.pools.tick()
                 status = self.status.collect(
                     {name: self.pools.count(name) for name in self.pools.pools},
-                    {name: p.alive for name, p in self.group.procs.items()},
+                    {name: self.group.alive(name) for name in self.group.procs},
                 )
                 if status.report is not None:
                     report_log.write(status.report.model_dump_json() + "\n")
@@ -271,6 +304,39 @@ class LocalRun:
             write_plots(self.plan.run_dir)
         except (OSError, ValueError) as exc:
             log.warning("could not write plots: %s", exc)
+
+
+class LocalRun(Launcher):
+    """A run on this machine: one process per component (``astraflow <component>``)."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        base_dir: Path | None = None,
+        port: int | None = None,
+        on_tick: Callable[[RunStatus], None] | None = None,
+        tick_s: float = 1.0,
+        python: str = sys.executable,
+    ) -> None:
+        self.python = python
+        super().__init__(config, base_dir=base_dir, port=port, on_tick=on_tick, tick_s=tick_s)
+
+    def _component(self, spec: ComponentSpec) -> Component:
+        args = list(spec.command)
+        for key, value in spec.options.items():
+            args += [f"--{key.replace('_', '-')}", value]
+        if spec.config is not None:
+            args += ["--config", str(self.plan.component_file(spec.name))]
+        if spec.ranks > 1:
+            argv = [self.python, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc-per-node={spec.ranks}", "-m", "astraflow", *args]  # fmt: skip
+        else:
+            argv = [self.python, "-m", "astraflow", *args]
+        return Proc(
+            spec.name, spec.kind, argv, self.plan.run_dir / "logs" / f"{spec.name}.log",
+            env=spec.env, restart=spec.restart, max_restarts=spec.max_restarts,
+        )  # fmt: skip
 
 
 def _threads_env(threads: int | None) -> dict[str, str]:

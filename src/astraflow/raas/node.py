@@ -26,6 +26,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ from astraflow.records import (
 )
 from astraflow.workflows.api import Tool, Workflow
 
-__all__ = ["RolloutNode"]
+__all__ = ["RolloutNode", "run_node"]
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +176,13 @@ class RolloutNode:
     def stats(self) -> NodeStats:
         """The stats reported with the next lease or heartbeat."""
         tokens = sum(p.generated_tokens for p in self.policies.values())
-        return self.meter.snapshot(len(self._running), tokens)
+        stats = self.meter.snapshot(len(self._running), tokens)
+        busy = {  # cumulative seconds each engine spent generating (its utilisation)
+            f"busy_s.{name}": float(p.engine.metrics().get("busy_s", 0.0))
+            for name, p in self.policies.items()
+            if hasattr(p.engine, "metrics")
+        }
+        return stats.model_copy(update={"extra": {**stats.extra, **busy}}) if busy else stats
 
     # ----------------------------------------------------------------- lease loop
 
@@ -370,3 +377,24 @@ class RolloutNode:
 
     def __repr__(self) -> str:
         return f"RolloutNode({self.config.node_id!r}, pool={self.config.pool!r})"
+
+
+async def run_node(config: NodeConfig, stop: threading.Event, *, poll_s: float = 0.1) -> None:
+    """Serve a node until ``stop`` is set, then stop it gracefully (what SIGTERM does).
+
+    The one entry of ``astraflow raas serve`` and of a node hosted in another process (a Ray
+    actor): ``stop`` may be set from any thread.
+    """
+    node = RolloutNode(config)
+
+    async def watch() -> None:
+        while not stop.is_set():
+            await asyncio.sleep(poll_s)
+        node.request_stop()
+
+    watcher = asyncio.create_task(watch(), name="stop-watch")
+    try:
+        await node.run()
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
