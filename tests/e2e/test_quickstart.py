@@ -18,7 +18,11 @@ pytestmark = pytest.mark.e2e
 def test_reduced_quickstart_learns(tmp_path: Path) -> None:
     run_dir = tmp_path / "qs"
     started = time.monotonic()
-    result = LocalRun(reduced_quickstart(run_dir, steps=250)).run()
+    secrets = {"node": "node-secret-1", "trainer": "trainer-secret-2", "admin": "admin-secret-3"}
+    config = reduced_quickstart(
+        run_dir, *(f"dataflow.auth.{role}={token}" for role, token in secrets.items()), steps=250
+    )
+    result = LocalRun(config).run()
     elapsed = time.monotonic() - started
 
     assert result.reason == "finished", result
@@ -37,3 +41,9 @@ def test_reduced_quickstart_learns(tmp_path: Path) -> None:
     for png in ("reward.png", "throughput.png"):
         assert (run_dir / png).stat().st_size > 10_000
     assert processes_mentioning(str(run_dir)) == []
+    # with tokens set, every component authenticated (the run finished, the launcher read
+    # reports), and no token was written to any config, record or log file of the run
+    assert lines(run_dir / "report.jsonl")
+    for path in [*run_dir.rglob("*.json*"), *run_dir.rglob("*.log")]:
+        text = path.read_text(errors="replace")
+        assert not any(token in text for token in secrets.values()), path

@@ -17,6 +17,7 @@ SQLite state, trainers their checkpoints).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -30,12 +31,14 @@ from pydantic import BaseModel
 
 from astraflow.config import dump_config
 from astraflow.dataflow.client import DataflowClient
+from astraflow.dataflow.config import ENV_TOKENS
 from astraflow.errors import AstraflowError, ServiceUnavailableError
 from astraflow.launch.config import PoolSection, RunConfig
 from astraflow.launch.plan import Plan, make_plan, node_config
 from astraflow.launch.pools import PoolManager
 from astraflow.launch.processes import Component, ComponentGroup, Proc
 from astraflow.launch.status import RunStatus, StatusCollector
+from astraflow.records import Role
 
 __all__ = ["ComponentSpec", "Launcher", "LocalRun", "RunResult"]
 
@@ -114,7 +117,9 @@ class Launcher:
     def _bind(self, plan: Plan) -> None:
         """Use ``plan`` (and the dataflow URL it names) from now on."""
         self.plan = plan
-        self.client = DataflowClient(plan.dataflow_url, timeout_s=10.0, retries=2)
+        self.client = DataflowClient(
+            plan.dataflow_url, token=self._tokens().get("admin"), timeout_s=10.0, retries=2
+        )
         self.pools = PoolManager(
             self.client, self.config.pools, self.start_node, self.stop_node, self._node_alive,
             self.config.autoscale,
@@ -140,7 +145,16 @@ class Launcher:
     def _start(self, spec: ComponentSpec) -> Component:
         if spec.config is not None:
             dump_config(spec.config, self.plan.component_file(spec.name))
+        tokens = self._tokens()
+        roles = _TOKEN_ROLES.get(spec.kind.split(":")[0], ())
+        # secrets travel in the environment, never in the component config files
+        secret_env = {ENV_TOKENS[r]: tokens[r] for r in roles if r in tokens}
+        spec = dataclasses.replace(spec, env={**spec.env, **secret_env})
         return self.group.add(self._component(spec))
+
+    def _tokens(self) -> dict[Role, str]:
+        """Bearer tokens per role: the run config's, else the launcher's environment."""
+        return self.config.dataflow.auth.tokens()
 
     def start_dataflow(self) -> None:
         """Start the dataflow service and wait until it answers."""
@@ -337,6 +351,14 @@ class LocalRun(Launcher):
             spec.name, spec.kind, argv, self.plan.run_dir / "logs" / f"{spec.name}.log",
             env=spec.env, restart=spec.restart, max_restarts=spec.max_restarts,
         )  # fmt: skip
+
+
+#: Which bearer tokens each kind of component is given (by role).
+_TOKEN_ROLES: dict[str, tuple[Role, ...]] = {
+    "dataflow": ("node", "trainer", "admin"),
+    "trainer": ("trainer",),
+    "node": ("node",),
+}
 
 
 def _threads_env(threads: int | None) -> dict[str, str]:

@@ -166,7 +166,7 @@ def _dataflow_config(
         "lease": section.lease.model_dump(),
         "regulation": regulation,
         "report": section.report.model_dump(),
-        "auth": {k: v.get_secret_value() for k, v in section.auth if v is not None},
+        # auth tokens are not written here: the launcher passes them in the environment
     }
     return validate(DataflowConfig, data, source="dataflow")
 
