@@ -21,7 +21,7 @@ def add_common(parser: argparse.ArgumentParser, *, config_required: bool = False
         action="append",
         default=[],
         dest="overrides",
-        help="override one config value by dotted key, e.g. --set buffer.max_staleness=2 "
+        help="override one config value by dotted key, e.g. --set seed=3 or --set pools.0.nodes=2 "
         "(repeatable; values are parsed as YAML)",
     )
     parser.add_argument(
