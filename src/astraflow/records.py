@@ -281,6 +281,10 @@ class PolicyVersion(Record):
     manifest: str = Field(min_length=1, max_length=1024)
     """Reference to the weight manifest in the weight store (path relative to its root)."""
     created_at: float = Field(default_factory=time.time)
+    final: bool = False
+    """The trainer stops after this version (it reached its last step): the dataflow stops
+    buffering the policy's samples, and the policy no longer throttles leases or holds back
+    lock-step rounds, so the other policies' trainers go on. A later version re-activates it."""
 
 
 # --------------------------------------------------------------------------- node <-> dataflow
@@ -518,6 +522,8 @@ class PolicyReport(Record):
     filtered_samples: int = Field(ge=0)
     """Samples whose group a trajectory filter dropped."""
     acked_samples: int = Field(ge=0)
+    final: bool = False
+    """Its trainer announced its final version: samples are no longer buffered."""
 
 
 class TrainerReport(Record):

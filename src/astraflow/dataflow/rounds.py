@@ -73,6 +73,11 @@ class SyncRounds:
         self.train_s: float = saved.get("train_s", 0.0)
         self.tasks: set[str] = set(store.round_tasks(self.round))
 
+    def retire(self, policy: str) -> None:
+        """Stop waiting for ``policy``: its trainer announced its final version."""
+        if policy in self.policies and len(self.policies) > 1:
+            self.policies.remove(policy)
+
     def _lowest(self, latest: Mapping[str, int]) -> int:
         return min((latest.get(p, NO_VERSION) for p in self.policies), default=NO_VERSION)
 

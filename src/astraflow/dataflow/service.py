@@ -112,19 +112,24 @@ class DataflowService:
         self.queue = TaskQueue(self.store, self.catalog, self.selector, self.config.lease)
         self.buffers = Buffers(self.store, self.config.policies, self.plugins.sampler)
         self.latest: dict[str, PolicyVersion] = {
-            p: PolicyVersion(policy=p, version=v, manifest=m, created_at=t)
-            for p, (v, m, t) in self.store.latest_versions().items()
+            p: PolicyVersion(policy=p, version=v, manifest=m, created_at=t, final=f)
+            for p, (v, m, t, f) in self.store.latest_versions().items()
         }
         self.pools = PoolSizing(self.store)
         reg = self.config.regulation
         self.rounds: SyncRounds | None = None
         if reg.mode == "sync":
             assert reg.sync_round_tasks is not None  # the config requires it in sync mode
+            active = [p for p in self.config.policies if p not in self._final()]
             self.rounds = SyncRounds(self.store, self.queue, self.buffers, reg.sync_round_tasks,
-                                     list(self.config.policies), self._versions())  # fmt: skip
+                                     active, self._versions())  # fmt: skip
 
     def _versions(self) -> dict[str, int]:
         return {p: v.version for p, v in self.latest.items()}
+
+    def _final(self) -> set[str]:
+        """Policies whose trainer announced its final version (no longer buffered)."""
+        return {p for p, v in self.latest.items() if v.final}
 
     def close(self) -> None:
         """Close the database (everything acknowledged is already committed)."""
@@ -198,7 +203,8 @@ class DataflowService:
                     sorted(needed), req.versions, latest,
                     {p: c.max_staleness for p, c in self.config.policies.items()},
                 )  # fmt: skip
-                occupied = {p: self._occupied(p) for p in needed}
+                final = self._final()  # finished trainers: their buffers no longer throttle
+                occupied = {p: 0 if p in final else self._occupied(p) for p in needed}
                 caps, full = regulation.source_caps(
                     sources, self.config.policies, occupied, refresh
                 )
@@ -264,9 +270,13 @@ class DataflowService:
             now = self.clock()
             kept: dict[str, int] = {}
             dropped: dict[str, str] = {}
+            final = self._final()
             with self._change():
                 for (policy, _), group in groups_of(req.samples).items():
                     reason = next((r for f in self.filters if (r := f.check(policy, group))), None)
+                    if reason is None and policy in final:
+                        dropped[policy] = f"the trainer of {policy!r} has finished"
+                        continue
                     if reason is None:
                         self.buffers.add(policy, group, ot.source.name, now)
                         kept[policy] = kept.get(policy, 0) + len(group)
@@ -347,6 +357,16 @@ class DataflowService:
                 latest.version,
                 latest.manifest,
             ):
+                if pv.final and not latest.final:  # the trainer finished at this version
+                    latest = latest.model_copy(update={"final": True})
+                    with self._change():
+                        self.store.insert_version(pv.policy, latest.version, latest.manifest,
+                                                  latest.created_at, final=True)  # fmt: skip
+                        self.latest[pv.policy] = latest
+                        if self.rounds is not None:
+                            self.rounds.retire(pv.policy)
+                    log.info("final version policy=%s version=%d: its samples are no longer "
+                             "buffered", pv.policy, latest.version)  # fmt: skip
                 return AnnounceReply(latest=latest)
             if latest is not None and pv.version <= latest.version:
                 raise ConflictError(
@@ -356,8 +376,12 @@ class DataflowService:
                     field="version",
                 )
             with self._change():
-                self.store.insert_version(pv.policy, pv.version, pv.manifest, pv.created_at)
+                self.store.insert_version(
+                    pv.policy, pv.version, pv.manifest, pv.created_at, final=pv.final
+                )
                 self.latest[pv.policy] = pv  # before the change ends: sync rounds read it
+                if self.rounds is not None and pv.final:
+                    self.rounds.retire(pv.policy)
         log.info("version announced policy=%s version=%d", pv.policy, pv.version)
         return AnnounceReply(latest=pv)
 
@@ -382,7 +406,9 @@ class DataflowService:
         """The pool report (one snapshot; ``/metrics`` renders the same)."""
         with self._lock:
             policies = {
-                p: self.buffers.report(p, self.latest.get(p), self.queue.in_flight[p])
+                p: self.buffers.report(p, self.latest.get(p), self.queue.in_flight[p]).model_copy(
+                    update={"final": p in self._final()}
+                )
                 for p in self.config.policies
             }
             tasks = TaskQueueReport(**self.queue.counts(), exhausted=self.queue.exhausted())

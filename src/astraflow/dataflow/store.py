@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS batches(
 CREATE INDEX IF NOT EXISTS batches_open ON batches(state) WHERE state = 'open';
 CREATE TABLE IF NOT EXISTS versions(
   policy TEXT NOT NULL, version INTEGER NOT NULL, manifest TEXT NOT NULL,
-  created_at REAL NOT NULL, PRIMARY KEY(policy, version)) WITHOUT ROWID;
+  created_at REAL NOT NULL, final INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY(policy, version)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS round_tasks(
   task_id TEXT PRIMARY KEY, round INTEGER NOT NULL) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS round_tasks_round ON round_tasks(round);
@@ -139,6 +140,9 @@ class Store:
         # is only the backstop should it fall behind
         self._db.execute(f"PRAGMA wal_autocheckpoint={_BACKSTOP_PAGES}")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(versions)")}
+        if "final" not in columns:  # run directories made before final versions existed
+            self._db.execute("ALTER TABLE versions ADD COLUMN final INTEGER NOT NULL DEFAULT 0")
         with self.transaction():
             if self.get_meta("schema") is None:
                 self.set_meta("schema", SCHEMA_VERSION)
@@ -332,20 +336,22 @@ class Store:
 
     # ------------------------------------------------------------------ versions
 
-    def insert_version(self, policy: str, version: int, manifest: str, created_at: float) -> None:
-        """Record an announced version."""
+    def insert_version(
+        self, policy: str, version: int, manifest: str, created_at: float, final: bool = False
+    ) -> None:
+        """Record an announced version (again with ``final`` set, when a trainer finishes)."""
         self._db.execute(
-            "INSERT OR REPLACE INTO versions VALUES(?, ?, ?, ?)",
-            (policy, version, manifest, created_at),
+            "INSERT OR REPLACE INTO versions VALUES(?, ?, ?, ?, ?)",
+            (policy, version, manifest, created_at, int(final)),
         )
 
-    def latest_versions(self) -> dict[str, tuple[int, str, float]]:
-        """Highest announced version per policy: (version, manifest, created_at)."""
+    def latest_versions(self) -> dict[str, tuple[int, str, float, bool]]:
+        """Highest announced version per policy: (version, manifest, created_at, final)."""
         cur = self._db.execute(
-            "SELECT policy, version, manifest, created_at FROM versions v WHERE version = "
+            "SELECT policy, version, manifest, created_at, final FROM versions v WHERE version = "
             "(SELECT MAX(version) FROM versions w WHERE w.policy = v.policy)"
         )
-        return {str(p): (int(v), str(m), float(t)) for p, v, m, t in cur}
+        return {str(p): (int(v), str(m), float(t), bool(f)) for p, v, m, t, f in cur}
 
     # ------------------------------------------------------------------ sync rounds
 

@@ -127,7 +127,7 @@ class Trainer:
         if latest is None:
             return max(rt.version, announced + 1), True
         if announced < latest:  # crashed between publish and announce
-            self._announce(latest, stop)
+            self._announce(latest, stop, final=latest == self.config.max_steps)
         if not rt.resumed:
             log.warning(
                 "policy=%s the weight store already holds versions up to %d but there is no "
@@ -232,7 +232,7 @@ class Trainer:
             rt.save()
         if future is not None:
             future.result()
-            self._announce(version, stop)
+            self._announce(version, stop, final=version == self.config.max_steps)
             self._ack(batch.batch_id, stop)
         return time.perf_counter() - start
 
@@ -249,16 +249,20 @@ class Trainer:
         rt.version = version
         rt.save()  # these weights are a version now: never warm up or publish them again
 
-    def _announce(self, version: int, stop: threading.Event) -> None:
+    def _announce(self, version: int, stop: threading.Event, *, final: bool = False) -> None:
+        """Announce ``version``; ``final``: the last one (max_steps), so the dataflow stops
+        buffering this policy and other policies' trainers are never held up by it."""
         dataflow = self.dataflow
         assert dataflow is not None and self.store is not None
         record = PolicyVersion(
             policy=self.config.policy,
             version=version,
             manifest=self.store.manifest_ref(self.config.policy, version),
+            final=final,
         )
         retrying(lambda: dataflow.announce(record), what="announce", stop=stop)
-        log.info("announced policy=%s version=%d", self.config.policy, version)
+        log.info("announced policy=%s version=%d%s", self.config.policy, version,
+                 " (final)" if final else "")  # fmt: skip
 
     def _ack(self, batch_id: str, stop: threading.Event) -> None:
         dataflow = self.dataflow

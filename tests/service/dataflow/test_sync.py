@@ -6,64 +6,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from astraflow.dataflow.client import DataflowClient
 from astraflow.records import (
-    AckRequest,
     Batch,
     LeaseReply,
-    LeaseRequest,
-    PolicyVersion,
-    SubmitRequest,
-    TakeBatchRequest,
-    Task,
 )
-from fixtures.dataflow import DataflowProcess, make_group, make_sync_config
-
-POLICIES = ("solver", "verifier")
-
-
-def lease(c: DataflowClient, node: str = "n1", capacity: int = 8, **versions: int) -> LeaseReply:
-    req = LeaseRequest(node_id=node, capacity=capacity, workflows=["duel"], versions=versions)
-    return c.lease(req)
-
-
-def holding(version: int) -> dict[str, int]:
-    return dict.fromkeys(POLICIES, version)
-
-
-def submit(c: DataflowClient, task: Task, node: str = "n1", version: int = 0) -> Any:
-    samples = [s for p in POLICIES for s in make_group(task, policy=p, version=version)]
-    return c.submit(
-        SubmitRequest(node_id=node, task_id=task.task_id, attempt=task.attempt, samples=samples)
-    )
-
-
-def take(c: DataflowClient, policy: str, version: int, timeout_s: float = 0.0) -> Batch | None:
-    # min_samples far above a round: sync mode serves the whole round batch regardless
-    req = TakeBatchRequest(
-        policy=policy,
-        trainer_id=f"{policy}-trainer",
-        trainer_version=version,
-        min_samples=200,
-        max_samples=256,
-        timeout_s=timeout_s,
-    )
-    return c.take_batch(req)
-
-
-def announce(c: DataflowClient, policy: str, version: int) -> None:
-    c.announce(PolicyVersion(policy=policy, version=version, manifest=f"{policy}/v{version}"))
-
-
-def train(c: DataflowClient, policy: str, version: int) -> set[str]:
-    """A trainer's step: take the round batch at ``version``, announce ``version + 1``, ack."""
-    batch = take(c, policy, version)
-    assert batch is not None and batch.trainer_version == version
-    announce(c, policy, version + 1)
-    c.ack(AckRequest(batch_id=batch.batch_id, trainer_id=f"{policy}-trainer"))
-    return {s.task_id for s in batch.samples}
+from fixtures.dataflow import DataflowProcess, make_sync_config
+from fixtures.duel import POLICIES, announce, holding, lease, submit, take, train
 
 
 def test_two_policies_step_in_lock_step(
