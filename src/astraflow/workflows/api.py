@@ -59,6 +59,10 @@ class SamplingParams(ConfigModel):
 
     max_new_tokens: int = Field(default=256, ge=1)
     """Upper bound on generated tokens."""
+    min_new_tokens: int = Field(default=0, ge=0)
+    """EOS and stop strings are ignored until this many tokens are generated (as HF's
+    ``min_new_tokens`` / vLLM's ``min_tokens``); logprobs stay those of the full tempered
+    distribution. Capped at ``max_new_tokens``; 0: off."""
     temperature: float = Field(default=1.0, ge=0.0)
     """Softmax temperature; 0 means greedy. Logprobs are of the tempered distribution."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)

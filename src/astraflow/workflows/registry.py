@@ -10,6 +10,7 @@ the workflow that runs it (``task.workflow``). Built-ins register on first looku
 | ``solver_verifier`` | ``solver``, ``verifier`` | ``workflows/multi_policy.py`` |
 | ``solver_selector`` | ``solver``, ``selector`` | ``workflows/multi_policy.py`` |
 | ``solver_testgen`` | ``solver``, ``testgen`` | ``workflows/testgen.py`` |
+| ``long_tail`` | those of the workflow it wraps | ``workflows/length_tail.py`` |
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ WORKFLOWS: Registry[Workflow] = Registry(
         "astraflow.workflows.tool_calling",
         "astraflow.workflows.multi_policy",
         "astraflow.workflows.testgen",
+        "astraflow.workflows.length_tail",
     ),
 )
 

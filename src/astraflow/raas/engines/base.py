@@ -47,6 +47,8 @@ class GenerationRequest:
 
     prompt_ids: tuple[int, ...]
     max_new_tokens: int = 256
+    min_new_tokens: int = 0
+    """No EOS or stop string ends the output before this many tokens (capped at the budget)."""
     temperature: float = 1.0
     """0 means greedy (logprobs then reported at temperature 1)."""
     top_p: float = 1.0
@@ -65,6 +67,7 @@ class GenerationRequest:
         return cls(
             prompt_ids=tuple(int(t) for t in prompt_ids),
             max_new_tokens=sampling.max_new_tokens,
+            min_new_tokens=sampling.min_new_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,

@@ -74,6 +74,7 @@ class BatchingEngine(abc.ABC):
         self._lock = threading.Lock()  # no job can be queued behind the stop marker
         self._batches = 0
         self._batched = 0
+        self._busy_s = 0.0
         self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -93,9 +94,10 @@ class BatchingEngine(abc.ABC):
         return result
 
     def metrics(self) -> dict[str, float]:
-        """Batches run and their mean size (how well concurrent requests were batched)."""
+        """Batches run, their mean size (how well concurrent requests were batched) and the
+        seconds spent generating (``busy_s``: busy fraction = its growth / wall time)."""
         mean = self._batched / self._batches if self._batches else 0.0
-        return {"batches": float(self._batches), "mean_batch_size": mean}
+        return {"batches": float(self._batches), "mean_batch_size": mean, "busy_s": self._busy_s}
 
     def call_blocking(self, fn: Callable[[], T], timeout_s: float | None = None) -> T:
         """Run ``fn`` on the engine thread from a thread that is not an event loop's."""
@@ -147,7 +149,9 @@ class BatchingEngine(abc.ABC):
             if batch:
                 self._batches += 1
                 self._batched += len(batch)
+                started = time.perf_counter()
                 self._run_safely(batch)
+                self._busy_s += time.perf_counter() - started
             if stop:
                 break
         self._drain(backlog)

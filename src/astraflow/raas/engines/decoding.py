@@ -9,9 +9,10 @@ them have, so long generations do not pay for short ones.
                                       ▲                                       │
                                       └──── forward(one token per row) ◄──────┘
 
-The logprob of a token is ``log_softmax(logits / T)`` at that token: top-p / top-k only
-restrict which tokens may be drawn. With a seed, a row draws from its own generator, so
-its tokens do not depend on which other requests share the batch.
+The logprob of a token is ``log_softmax(logits / T)`` at that token: top-p / top-k (and EOS
+before a row's ``min_new_tokens``) only restrict which tokens may be drawn. With a seed, a row
+draws from its own generator, so its tokens do not depend on which other requests share the
+batch.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ class DecodedRow:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
 
+    @property
+    def floor(self) -> int:
+        """Tokens generated before EOS or a stop string may end the row."""
+        return min(self.request.min_new_tokens, self.budget)
+
 
 def sample_next(
     logits: torch.Tensor,
@@ -51,6 +57,7 @@ def sample_next(
     top_p: torch.Tensor,
     generators: Sequence[torch.Generator | None],
     shared: torch.Generator,
+    banned: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row; return the tokens and their tempered logprobs.
 
@@ -59,20 +66,22 @@ def sample_next(
         temperature: ``[B]``; 0 marks a greedy row.
         top_k: ``[B]`` long, 0 for off. top_p: ``[B]``, 1.0 for off.
         generators: per-row generator (seeded requests) or ``None`` (use ``shared``).
+        banned: optional ``[B, V]`` bool, True where a token may not be drawn (EOS before
+            ``min_new_tokens``); it changes what is drawn, not the reported logprobs.
     """
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
     logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)
-    allowed = logprobs
+    allowed = logprobs if banned is None else logprobs.masked_fill(banned, float("-inf"))
     if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
-        allowed = _restrict(logprobs, top_k, top_p)
+        allowed = _restrict(allowed, top_k, top_p)
     probs = allowed.exp()
     tokens = torch.multinomial(probs, 1, generator=shared).squeeze(1)
     for row, gen in enumerate(generators):
         if gen is not None:
             tokens[row] = torch.multinomial(probs[row], 1, generator=gen)[0]
     if bool(greedy.any()):
-        tokens = torch.where(greedy, logprobs.argmax(dim=-1), tokens)
+        tokens = torch.where(greedy, allowed.argmax(dim=-1), tokens)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(1)
 
 
@@ -138,6 +147,7 @@ class BatchDecoder:
                 *params,
                 [r.generator for r in live],
                 self.shared,
+                self._banned(live, out.logits.shape[-1]),
             )
             done = self._record(live, tokens.tolist(), logprobs.tolist())
             if len(done) == len(live):
@@ -180,6 +190,17 @@ class BatchDecoder:
             torch.tensor([q.top_p for q in reqs], dtype=torch.float32, device=dev),
         )
 
+    def _banned(self, live: Sequence[DecodedRow], vocab: int) -> torch.Tensor | None:
+        """EOS tokens for the rows still short of their ``min_new_tokens`` (None: no such row)."""
+        short = [i for i, r in enumerate(live) if len(r.token_ids) < r.floor]
+        if not short or not self.eos_ids:
+            return None
+        banned = torch.zeros((len(live), vocab), dtype=torch.bool, device=self.device)
+        eos = torch.tensor(sorted(t for t in self.eos_ids if t < vocab), device=self.device)
+        rows = torch.tensor(short, device=self.device)
+        banned[rows[:, None], eos[None, :]] = True
+        return banned
+
     def _record(self, live: Sequence[DecodedRow], tokens: list[int], lps: list[float]) -> set[int]:
         """Append each live row's token; return the indices of rows that are now finished."""
         done: set[int] = set()
@@ -189,7 +210,8 @@ class BatchDecoder:
                 continue
             row.token_ids.append(tokens[i])
             row.logprobs.append(lps[i])
-            if tokens[i] in self.eos_ids or self._hit_stop(row):
+            may_stop = len(row.token_ids) >= row.floor  # before it, EOS is never drawn
+            if may_stop and (tokens[i] in self.eos_ids or self._hit_stop(row)):
                 row.finish_reason = "stop"
             elif len(row.token_ids) >= row.budget:
                 row.finish_reason = "length"
@@ -202,5 +224,7 @@ class BatchDecoder:
         if not stops:
             return False
         window = max(len(s) for s in stops) + 4
-        tail = self.tokenizer.decode(row.token_ids[-window:], skip_special_tokens=False)
+        # only tokens from the min_new_tokens-th on may make a stop string
+        start = max(len(row.token_ids) - window, row.floor - 1, 0)
+        tail = self.tokenizer.decode(row.token_ids[start:], skip_special_tokens=False)
         return any(s in tail for s in stops)

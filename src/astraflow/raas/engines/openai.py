@@ -140,6 +140,8 @@ class OpenAIEngine(RemoteEngine):
         }
         if request.top_k > 0:
             body["top_k"] = request.top_k
+        if request.min_new_tokens > 0:  # vLLM / SGLang extension of the completions API
+            body["min_tokens"] = min(request.min_new_tokens, request.max_new_tokens)
         if request.seed is not None:
             body["seed"] = request.seed
         if request.stop:

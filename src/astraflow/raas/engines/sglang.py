@@ -152,6 +152,7 @@ class SGLangEngine(RemoteEngine):
             raise ValidationError("the prompt is empty", field="prompt_ids")
         sampling: dict[str, Any] = {
             "max_new_tokens": request.max_new_tokens,
+            "min_new_tokens": min(request.min_new_tokens, request.max_new_tokens),
             "temperature": request.temperature,
             "top_p": request.top_p,
             "top_k": request.top_k if request.top_k > 0 else -1,

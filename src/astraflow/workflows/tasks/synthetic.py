@@ -23,9 +23,10 @@ from pydantic import Field, model_validator
 from astraflow.config import ConfigModel
 from astraflow.errors import ConfigError
 from astraflow.plugins import PluginSpec
+from astraflow.workflows.prompts import fill
 from astraflow.workflows.tasks import GENERATORS
 
-__all__ = ["Add1", "Arithmetic", "NoisySFT", "StringTasks", "noisy_sft_pairs"]
+__all__ = ["Add1", "Arithmetic", "NoisySFT", "StringTasks", "Verify", "noisy_sft_pairs"]
 
 _MAX_TRIES = 1000
 _POOL_DRAWS = 2000
@@ -274,3 +275,62 @@ class NoisySFT:
     def rows(self) -> Iterable[dict[str, Any]]:
         """Labelled rows."""
         return noisy_sft_pairs(self.task, self.config.correct_prob, self.config.seed)
+
+
+# --------------------------------------------------------------------------- verification
+
+
+class VerifyConfig(ConfigModel):
+    """Config of ``verify``."""
+
+    task: PluginSpec = Field(default_factory=lambda: PluginSpec(type="add1"))
+    """The synthetic generator whose answers are judged (its split and size apply)."""
+    template: str = "{question}{answer}?"
+    """Judging prompt, fields {question} and {answer}: the same as the verifier's template."""
+    correct_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Share of rows whose proposed answer is the right one (others: a wrong one)."""
+    label_correct_prob: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Probability that ``completion`` (the SFT label) is the true verdict (else flipped)."""
+    yes: str = "yes"
+    """Verdict for a right answer."""
+    no: str = "no"
+    """Verdict for a wrong answer."""
+    seed: int = 0
+    """Seed of the proposed answers and the label noise."""
+
+
+@GENERATORS.register("verify")
+class Verify:
+    """Judging rows for a verifier: ``{question}{answer}?`` → ``yes`` / ``no``.
+
+    ``answer`` is the true verdict (reward ``synthetic_exact``: held-out verifier accuracy);
+    ``completion`` is a label that is right with ``label_correct_prob`` (SFT warm-up).
+    """
+
+    Config = VerifyConfig
+
+    def __init__(self, config: VerifyConfig, rng: random.Random | None = None) -> None:
+        self.config = config
+        self.task: Any = GENERATORS.build(config.task, seed=config.seed)
+        if not hasattr(self.task, "answer_pool"):
+            raise ConfigError(f"verify needs a synthetic generator, got {config.task.type!r}")
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """One judging row per task row."""
+        cfg = self.config
+        pool = self.task.answer_pool()
+        for row in self.task.rows():
+            rng = random.Random(f"verify:{cfg.seed}:{row['id']}")
+            right = rng.random() < cfg.correct_fraction
+            wrong = [a for a in pool if a != row["answer"]]
+            proposed = row["answer"] if right or not wrong else rng.choice(wrong)
+            truth = cfg.yes if proposed == row["answer"] else cfg.no
+            flip = rng.random() >= cfg.label_correct_prob
+            yield {
+                "id": f"verify-{row['id']}",
+                "prompt": fill(cfg.template, {"question": row["prompt"], "answer": proposed}),
+                "answer": truth,
+                "completion": (cfg.no if truth == cfg.yes else cfg.yes) if flip else truth,
+                "reward": "synthetic_exact",
+                "family": "verify",
+            }

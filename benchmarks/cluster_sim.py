@@ -1,0 +1,385 @@
+"""SIMULATION: async vs sync at cluster scale, 64 simulated rollout nodes in 3 pools.
+
+What is real and what is simulated:
+  real       the dataflow service, the weight store, the trainer (a 0.4M Qwen3 trained with
+             GRPO on every sample it gets), the rollout nodes (``RolloutNode``: leases,
+             heartbeats, HTTP to the dataflow, weight refresh, the ``rlvr`` workflow)
+  SIMULATED  generation: each node's engine is ``raas/engines/simulated.py``, which runs no
+             model. A response of L tokens (L ~ lognormal(median, sigma), clipped) takes
+             L * step_s(b) / speed seconds, b = sequences running on that node (continuous
+             batching, up to 64 at once), and returns L random valid token ids. step_s(b) is
+             CALIBRATED in this run on the real transformers engine (the same tiny model,
+             decoding b sequences of 32 tokens), unless ``--calibration FILE`` loads a
+             recorded one. Weight updates after the first (real) load wait the real delta
+             pull time measured in the calibration. Pools: fast (speed 1.0), medium (0.6),
+             slow (0.3) of the calibrated engine.
+
+The nodes run as asyncio tasks inside a few host processes (``--hosts``), not as 64 torch
+processes. Each (sigma, mode) run trains ``--steps`` versions; sync and async differ only in
+``mode``. Figures, over the steady part (after ``--skip`` steps):
+  s/step        wall seconds per trainer version
+  trainer idle  the trainer's time inside take_batch (``wait_s``) / wall time
+  rollout idle  1 - simulated-engine busy time (a sequence running) / (wall time x nodes)
+  speed-up      sync s/step / async s/step
+Rewards are meaningless here (random tokens): this measures time, not learning.
+
+    .venv/bin/python benchmarks/cluster_sim.py                 # sigma 0.5/1.0/1.5, 20 steps
+    .venv/bin/python benchmarks/cluster_sim.py --quick         # ~2 minutes
+    .venv/bin/python benchmarks/cluster_sim.py --save-calibration cal.json
+    .venv/bin/python benchmarks/cluster_sim.py --calibration cal.json --sigmas 1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+POOLS = (("fast", 1.0), ("medium", 0.6), ("slow", 0.3))
+MODEL: dict[str, Any] = {
+    "model_type": "qwen3",
+    "config": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+               "max_position_embeddings": 320, "tie_word_embeddings": True},
+    "tokenizer": {"type": "char", "alphabet": "0123456789+="},
+}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def calibrate(batches: tuple[int, ...] = (1, 8, 32, 64), tokens: int = 32) -> dict[str, Any]:
+    """Decode-step time of the real transformers engine at each batch size, and the time of a
+    real one-version delta pull of the same model from a weight store."""
+    import torch
+
+    from astraflow.models import ModelSpec, build_model, build_tokenizer
+    from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
+    from astraflow.weights import WeightClient, WeightStore
+
+    torch.set_num_threads(1)
+    spec = ModelSpec.model_validate(MODEL)
+    tok = build_tokenizer(spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = EngineContext(policy="cal", tokenizer=tok, work_dir=Path(tmp), model=spec)
+        engine = build_engine({"type": "transformers", "device": "cpu"}, ctx)
+        prompt = tuple(tok.encode("3+4="))
+        points = []
+
+        async def decode(b: int) -> float:
+            reqs = [GenerationRequest(prompt, max_new_tokens=tokens, min_new_tokens=tokens)] * b
+            started = time.perf_counter()
+            await engine.generate(reqs)
+            return (time.perf_counter() - started) / tokens
+
+        async def measure() -> None:
+            await decode(4)  # warm-up
+            for b in batches:
+                points.append((b, statistics.median([await decode(b) for _ in range(3)])))
+            await engine.close()
+
+        asyncio.run(measure())
+        model = build_model(spec, tok)
+        store = WeightStore(Path(tmp) / "store")
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        store.publish("cal", 0, state).result()
+        moved = {k: v + 1e-3 * torch.randn_like(v) for k, v in state.items()}
+        store.publish("cal", 1, moved).result()
+        store.close()
+        client = WeightClient(str(Path(tmp) / "store"))
+        held = client.load("cal", 0)
+        started = time.perf_counter()
+        client.pull("cal", held, 0, 1)
+        pull_s = time.perf_counter() - started
+    return {"step_s": points, "sync_s": pull_s, "tokens": tokens, "measured": time.ctime()}
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def run_config(args: argparse.Namespace, sigma: float, mode: str, run_dir: Path) -> Any:
+    """The run: one trained policy, add1 tasks through ``rlvr``; pools start no process nodes
+    (the simulated nodes are hosted here)."""
+    from astraflow.config import validate
+    from astraflow.launch.config import RunConfig
+
+    model = json.loads(json.dumps(MODEL))
+    model["config"]["max_position_embeddings"] = args.max_tokens + 64
+    data = {
+        "run_dir": str(run_dir), "seed": 0, "mode": mode,
+        "policies": {"policy": {
+            "model": model,
+            "trainer": {"loss": {"type": "grpo", "tis_cap": 2.0},
+                        "optimizer": {"lr": 3e-4, "grad_clip": 1.0},
+                        "batch": {"min_samples": args.batch, "max_samples": args.batch,
+                                  "take_timeout_s": 60},
+                        "publish_dtype": "float32", "checkpoint": {"every": 0},
+                        "max_steps": args.steps},
+            "rollout": {"engine": {"type": "simulated"}},
+            "max_staleness": 1, "max_buffered": 2 * args.batch}},
+        "sources": [{"name": "add1", "type": "generator",
+                     "generator": {"type": "add1", "size": 100000}, "workflow": "rlvr",
+                     "policies": ["policy"], "group_size": 8, "epochs": None}],
+        "workflows": {"rlvr": {"policy": "policy", "reward": "synthetic_exact",
+                               "sampling": {"max_new_tokens": args.max_tokens}}},
+        "pools": [{"name": name, "nodes": 0, "capacity": args.capacity} for name, _ in POOLS],
+        "threads": {"trainer": 1},
+        "max_time_s": args.steps * 20.0 + 180,
+    }  # fmt: skip
+    return validate(RunConfig, data, source=f"cluster sim ({mode}, sigma {sigma})")
+
+
+def node_configs(
+    plan: Any, config: Any, args: argparse.Namespace, cal: dict[str, Any], sigma: float
+) -> list[dict[str, Any]]:
+    """``args.nodes`` node configs spread over the three pools, each with its pool's speed."""
+    from astraflow.launch.plan import node_config
+
+    out = []
+    for i in range(args.nodes):
+        name, speed = POOLS[i % len(POOLS)]
+        pool = next(p for p in config.pools if p.name == name)
+        engine = {
+            "type": "simulated", "speed": speed, "step_s": cal["step_s"],
+            "sync_s": cal["sync_s"], "max_batch_size": 64,
+            "lengths": {"median": args.median, "sigma": sigma, "min_tokens": 1,
+                        "max_tokens": args.max_tokens},
+        }  # fmt: skip
+        pool = pool.model_copy(update={"policies": {"policy": {"engine": engine}}})
+        cfg = node_config(plan, pool, node_id=f"sim-{name}-{i:02d}")
+        extra = {"idle_wait_s": 0.2, "lease_wait_s": 0.01, "grace_s": 5.0}
+        out.append(cfg.model_dump(mode="json") | extra)
+    return out
+
+
+# --------------------------------------------------------------------------- node hosts
+
+
+def host_main(path: str) -> int:
+    """A host process: every node config in ``path`` as a RolloutNode in one event loop."""
+    from astraflow.raas.config import NodeConfig
+    from astraflow.raas.node import RolloutNode
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    configs = json.loads(Path(path).read_text())
+    # resolve before the nodes start: their threads would race transformers' lazy imports
+    # and the registries' first loads (plugins.Registry is not thread-safe on first use)
+    from transformers import AutoConfig, AutoTokenizer  # noqa: F401
+
+    from astraflow.raas.engines.base import ENGINES
+    from astraflow.workflows.registry import WORKFLOWS
+    from astraflow.workflows.rewards import REWARDS
+
+    ENGINES.resolve("simulated"), WORKFLOWS.resolve("rlvr"), REWARDS.resolve("synthetic_exact")
+
+    async def main() -> None:
+        nodes = [RolloutNode(NodeConfig.model_validate(c)) for c in configs]
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda: [n.request_stop() for n in nodes])
+        await asyncio.gather(*(n.run() for n in nodes))
+
+    asyncio.run(main())
+    return 0
+
+
+class Hosts:
+    """The host processes of one run."""
+
+    def __init__(self, configs: list[dict[str, Any]], hosts: int, run_dir: Path) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        for h in range(hosts):
+            share = configs[h::hosts]
+            path = run_dir / "components" / f"simhost-{h}.json"
+            path.write_text(json.dumps(share))
+            log = (run_dir / "logs" / f"simhost-{h}.log").open("wb")
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            argv = [sys.executable, __file__, "--host", str(path)]
+            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=log, env=env))
+
+    def died(self) -> list[int]:
+        """Exit codes of host processes that ended on their own."""
+        return [code for p in self.procs if (code := p.poll()) is not None]
+
+    def stop(self, timeout_s: float = 60) -> None:
+        """SIGTERM (graceful stop: leases handed back), then kill what is left."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+# --------------------------------------------------------------------------- one run
+
+
+@dataclass
+class Result:
+    """The figures of one simulated run."""
+
+    sigma: float
+    mode: str
+    steps: int
+    s_per_step: float
+    trainer_idle: float
+    rollout_idle: float
+    nodes_seen: int
+    wall_s: float
+
+
+def run_one(args: argparse.Namespace, cal: dict[str, Any], sigma: float, mode: str) -> Result:
+    """One run: LocalRun (dataflow, trainer) + simulated nodes until ``steps`` versions."""
+    from astraflow.launch.local import LocalRun
+    from astraflow.launch.status import RunStatus
+
+    run_dir = Path(args.out) / f"sigma{sigma}-{mode}-{time.strftime('%H%M%S')}"
+    config = run_config(args, sigma, mode, run_dir)
+    stop = threading.Event()
+    hosts: list[Hosts] = []
+    failed: list[str] = []
+    launcher = LocalRun(config, base_dir=ROOT)
+
+    def on_tick(status: RunStatus) -> None:
+        if not hosts:  # the dataflow answers by the first tick: bring the nodes up
+            nodes = node_configs(launcher.plan, config, args, cal, sigma)
+            hosts.append(Hosts(nodes, args.hosts, run_dir))
+        if hosts[0].died():
+            failed.append(f"a node host process exited: see {run_dir}/logs/simhost-*.log")
+            stop.set()
+        if status.policies["policy"].version >= args.steps:
+            hosts[0].stop()  # nodes first, while the dataflow still answers
+            stop.set()
+
+    launcher.on_tick = on_tick
+    started = time.monotonic()
+    try:
+        result = launcher.run(stop)
+    finally:
+        for h in hosts:
+            h.stop()
+    if failed or not result.ok:
+        raise SystemExit(f"sigma {sigma} {mode}: the run failed: {failed or result.failed}")
+    return measure(run_dir, sigma, mode, args.skip, time.monotonic() - started)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def measure(run_dir: Path, sigma: float, mode: str, skip: int, wall: float) -> Result:
+    """Figures of a finished run from metrics.jsonl and report.jsonl."""
+    metrics = _jsonl(run_dir / "trainers" / "policy" / "metrics.jsonl")
+    steady = metrics[min(skip, len(metrics) // 4) :]
+    if len(steady) < 2:
+        raise SystemExit(f"sigma {sigma} {mode}: only {len(metrics)} steps in {run_dir}")
+    t0, t1 = steady[0]["time"], steady[-1]["time"]
+    reports = [r for r in _jsonl(run_dir / "report.jsonl") if t0 <= r["time"] <= t1 and r["nodes"]]
+    idle, seen = float("nan"), 0
+    if len(reports) >= 2:
+        first, last = reports[0], reports[-1]
+        seen = len(last["nodes"])
+
+        def busy(r: dict[str, Any]) -> float:
+            return sum(n["stats"]["extra"].get("busy_s.policy", 0.0) for n in r["nodes"].values())
+
+        idle = 1 - (busy(last) - busy(first)) / ((last["time"] - first["time"]) * max(1, seen))
+    return Result(
+        sigma=sigma, mode=mode, steps=len(metrics), s_per_step=(t1 - t0) / (len(steady) - 1),
+        trainer_idle=sum(m["wait_s"] for m in steady[1:]) / (t1 - t0), rollout_idle=idle,
+        nodes_seen=seen, wall_s=wall,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- main
+
+
+def print_table(results: list[Result], cal: dict[str, Any], args: argparse.Namespace) -> None:
+    """The table: per sigma, both modes and the speed-up."""
+    print("\nSIMULATION (generation times drawn, calibrated on the real engine; dataflow, "
+          "trainer and nodes real)")  # fmt: skip
+    print(f"{args.nodes} nodes in pools fast/medium/slow (speed 1.0/0.6/0.3), capacity "
+          f"{args.capacity} tasks x 8 samples; trainer batch {args.batch}; lengths lognormal "
+          f"median {args.median}, clipped to {args.max_tokens}")  # fmt: skip
+    print(f"{'sigma':>5} {'mode':6} {'steps':>5} {'s/step':>7} {'trainer idle':>12} "
+          f"{'rollout idle':>12} {'nodes':>5}  speed-up (sync/async)")  # fmt: skip
+    for sigma in dict.fromkeys(r.sigma for r in results):
+        rows = {r.mode: r for r in results if r.sigma == sigma}
+        for mode, r in rows.items():
+            ratio = ""
+            if mode == "async" and "sync" in rows:
+                ratio = f"{rows['sync'].s_per_step / r.s_per_step:.2f}x"
+            print(f"{sigma:5.1f} {mode:6} {r.steps:5d} {r.s_per_step:7.3f} {r.trainer_idle:12.2f} "
+                  f"{r.rollout_idle:12.2f} {r.nodes_seen:5d}  {ratio}")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Calibrate (or load a calibration), then run every sigma in both modes."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", help=argparse.SUPPRESS)  # internal: a node host process
+    parser.add_argument(
+        "--quick", action="store_true", help="sigma 0.5 and 1.5, 10 steps, max 256 tokens"
+    )
+    parser.add_argument("--sigmas", default="0.5,1.0,1.5", help="lognormal sigmas to run")
+    parser.add_argument("--steps", type=int, default=20, help="trainer versions per run")
+    parser.add_argument("--skip", type=int, default=5, help="first steps left out")
+    parser.add_argument("--nodes", type=int, default=64, help="simulated rollout nodes")
+    parser.add_argument("--hosts", type=int, default=4, help="processes hosting the nodes")
+    parser.add_argument("--capacity", type=int, default=2, help="tasks per node at once")
+    parser.add_argument("--batch", type=int, default=256, help="trainer batch (samples)")
+    parser.add_argument("--median", type=float, default=24.0, help="median response tokens")
+    parser.add_argument("--max-tokens", type=int, default=1024, help="longest response")
+    parser.add_argument("--calibration", help="load step times from this JSON file")
+    parser.add_argument("--save-calibration", help="write the measured calibration here")
+    parser.add_argument("--out", default=None, help="run directories (default: a temp dir)")
+    args = parser.parse_args(argv)
+    if args.host:
+        return host_main(args.host)
+    if args.quick:
+        args.sigmas, args.steps, args.skip, args.max_tokens = "0.5,1.5", 10, 2, 256
+    args.out = args.out or tempfile.mkdtemp(prefix="cluster-sim-")
+    if args.calibration:
+        cal = json.loads(Path(args.calibration).read_text())
+        print(f"calibration loaded from {args.calibration} (measured {cal.get('measured')})")
+    else:
+        cal = calibrate()
+        print("calibration measured now on the real transformers engine (1 thread):")
+    points = ", ".join(f"b={b}: {t * 1e3:.2f} ms" for b, t in cal["step_s"])
+    print(f"  decode step: {points}; one-version delta pull {cal['sync_s'] * 1e3:.1f} ms")
+    if args.save_calibration:
+        Path(args.save_calibration).write_text(json.dumps(cal, indent=1) + "\n")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; runs in {args.out}")
+    results = []
+    for sigma in (float(s) for s in args.sigmas.split(",")):
+        for mode in ("sync", "async"):
+            r = run_one(args, cal, sigma, mode)
+            print(
+                f"  sigma {sigma} {mode}: {r.s_per_step:.3f} s/step ({r.wall_s:.0f} s)", flush=True
+            )
+            results.append(r)
+    print_table(results, cal, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
