@@ -86,21 +86,23 @@ def _pairs(path: Path, generator: dict[str, Any], seed: int) -> str:
     return str(path)
 
 
-def _tailed_model(policy: dict[str, Any], context: int) -> None:
+def _tailed_policy(policy: dict[str, Any], args: argparse.Namespace, pairs: Path) -> None:
+    """Room for the longest response, a space (the filler) in the alphabet, and a warm-up on
+    answer-then-filler pairs."""
     model = policy["model"]
-    model["config"]["max_position_embeddings"] = context
-    model["tokenizer"]["alphabet"] += " "  # the filler
+    model["config"]["max_position_embeddings"] = args.max_tokens + 16
+    model["tokenizer"]["alphabet"] += " "
+    policy["warmup"] = {
+        **{k: v for k, v in policy["warmup"].items() if k != "generator"},
+        "pairs": _pairs(pairs, policy["warmup"]["generator"], 0),
+    }
 
 
 def quickstart(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """examples/quickstart.yaml with long-tailed lengths (mode and run_dir set later)."""
     data: dict[str, Any] = json.loads(json.dumps(read_yaml(EXAMPLES / "quickstart.yaml")))
     policy = data["policies"]["policy"]
-    _tailed_model(policy, args.max_tokens + 16)
-    policy["warmup"] = {
-        **{k: v for k, v in policy["warmup"].items() if k != "generator"},
-        "pairs": _pairs(work / "pairs-quickstart.jsonl", policy["warmup"]["generator"], 0),
-    }
+    _tailed_policy(policy, args, work / "pairs-quickstart.jsonl")
     inner = {"type": "rlvr", **data["workflows"]["rlvr"]}
     data["workflows"] = {
         "rlvr": {"type": "long_tail", "workflow": inner, "lengths": _lengths(args)},
@@ -114,11 +116,7 @@ def solver_verifier(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """examples/solver_verifier.yaml with long-tailed solver answers (verdicts stay short)."""
     data: dict[str, Any] = json.loads(json.dumps(read_yaml(EXAMPLES / "solver_verifier.yaml")))
     solver = data["policies"]["solver"]
-    _tailed_model(solver, args.max_tokens + 16)
-    solver["warmup"] = {
-        **{k: v for k, v in solver["warmup"].items() if k != "generator"},
-        "pairs": _pairs(work / "pairs-sv-solver.jsonl", solver["warmup"]["generator"], 0),
-    }
+    _tailed_policy(solver, args, work / "pairs-sv-solver.jsonl")
     inner = {"type": "solver_verifier", **data["workflows"]["solver_verifier"]}
     inner["max_answer_chars"] = 8  # the verifier reads the answer, not a runaway one
     data["workflows"]["solver_verifier"] = {
