@@ -14,35 +14,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from astraflow.models import build_model, build_tokenizer
+from astraflow.models import build_tokenizer
 from astraflow.trainer.backends.fsdp2 import FSDP2Backend
-from astraflow.trainer.batching import Packing
 from astraflow.trainer.checkpoint import save_checkpoint
-from astraflow.trainer.config import OptimizerConfig
-from astraflow.trainer.optim import build_optimizer, build_scheduler
-from astraflow.trainer.step import PolicyUpdate
 from fixtures.models import tiny_spec
-from fixtures.trainer import FSDP_BUDGET, FSDP_LOSS, scripted_batches
+from fixtures.trainer import comparison_update, scripted_batches
 
 
 def main(out: Path) -> None:
     torch.set_num_threads(1)
     backend = FSDP2Backend(device="cpu")
     tok = build_tokenizer(tiny_spec())
-    model = backend.wrap(build_model(tiny_spec(), tok))
-    ref = backend.wrap(build_model(tiny_spec(), tok), trainable=False)
-    opt = build_optimizer(model, OptimizerConfig(lr=1e-3))
-    sched = build_scheduler(opt, None)
-    update = PolicyUpdate(
-        backend,
-        model,
-        opt,
-        FSDP_LOSS,
-        Packing(FSDP_BUDGET, 0),
-        grad_clip=1.0,
-        scheduler=sched,
-        ref_model=ref,
-    )
+    update = comparison_update(backend, tok)
+    model, opt, sched = update.model, update.optimizer, update.scheduler
     stats = [update.run(batch, v) for v, batch in enumerate(scripted_batches(tok))]
     full = backend.full_state_dict(model, torch.float32)
     published = backend.full_state_dict(model, torch.bfloat16)

@@ -15,14 +15,12 @@ from safetensors.torch import load_file
 
 from astraflow.models import build_model, build_tokenizer
 from astraflow.trainer.backends.local import LocalBackend
-from astraflow.trainer.batching import Packing
 from astraflow.trainer.checkpoint import latest_checkpoint, load_checkpoint
 from astraflow.trainer.config import OptimizerConfig
 from astraflow.trainer.optim import build_optimizer, build_scheduler
-from astraflow.trainer.step import PolicyUpdate
 from fixtures.models import tiny_spec
 from fixtures.net import free_port
-from fixtures.trainer import FSDP_BUDGET, FSDP_LOSS, scripted_batches
+from fixtures.trainer import comparison_update, scripted_batches
 
 HERE = Path(__file__).parent
 TESTS = HERE.parents[1]
@@ -45,20 +43,8 @@ def test_fsdp2_two_ranks_match_local_backend(tmp_path: Path) -> None:
     torch.manual_seed(0)
     tok = build_tokenizer(tiny_spec())
     backend = LocalBackend("cpu")
-    model = backend.wrap(build_model(tiny_spec(), tok))
-    ref = backend.wrap(build_model(tiny_spec(), tok), trainable=False)
-    opt = build_optimizer(model, OptimizerConfig(lr=1e-3))
-    sched = build_scheduler(opt, None)
-    update = PolicyUpdate(
-        backend,
-        model,
-        opt,
-        FSDP_LOSS,
-        Packing(FSDP_BUDGET, 0),
-        grad_clip=1.0,
-        scheduler=sched,
-        ref_model=ref,
-    )
+    update = comparison_update(backend, tok)
+    model, opt, sched = update.model, update.optimizer, update.scheduler
     local_stats = [update.run(b, v) for v, b in enumerate(scripted_batches(tok))]
 
     fsdp_stats = json.loads((tmp_path / "stats.json").read_text())
