@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 
 from astraflow.launch.local import LocalRun
-from fixtures.launch import lines, processes_mentioning, reduced_quickstart
+from fixtures.launch import (
+    assert_quickstart_learned,
+    lines,
+    processes_mentioning,
+    reduced_quickstart,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -27,19 +31,7 @@ def test_reduced_quickstart_learns(tmp_path: Path) -> None:
 
     assert result.reason == "finished", result
     assert elapsed < 180, f"reduced quickstart took {elapsed:.0f}s (CI budget: 3 minutes)"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    policy = summary["policies"]["policy"]
-    assert policy["version"] == 250
-    # greedy held-out accuracy of the warm-up model vs the last evaluated version
-    assert policy["eval_version"] == 250, "the evaluator scores the final version on stop"
-    assert policy["eval_accuracy"] >= policy["first_eval_accuracy"] + 0.15, policy
-    metrics = [json.loads(x) for x in lines(run_dir / "trainers/policy/metrics.jsonl")]
-    assert [int(m["version"]) for m in metrics] == list(range(1, 251))
-    first = sum(m["reward_mean"] for m in metrics[:25]) / 25
-    last = sum(m["reward_mean"] for m in metrics[-25:]) / 25
-    assert last > first + 0.1, (first, last)
-    for png in ("reward.png", "throughput.png"):
-        assert (run_dir / png).stat().st_size > 10_000
+    assert_quickstart_learned(run_dir, steps=250)
     assert processes_mentioning(str(run_dir)) == []
     # with tokens set, every component authenticated (the run finished, the launcher read
     # reports), and no token was written to any config, record or log file of the run
