@@ -17,12 +17,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from astraflow.dataflow.config import PolicyConfig, RegulationConfig, SourceConfig
 from astraflow.records import NO_VERSION, Sample
 
 __all__ = [
     "LeaseDecision",
+    "LeasePlan",
     "admission",
     "group_behaviour_version",
     "lease_allowance",
@@ -102,6 +104,17 @@ def source_caps(
 def tasks_that_fit(rooms: Iterable[int], group_size: int) -> int:
     """Tasks (each ``group_size`` samples per policy) that fit every policy's room."""
     return min((r // group_size for r in rooms), default=0)
+
+
+class LeasePlan(NamedTuple):
+    """What a regulation mode allows one lease request before the throttle."""
+
+    refresh: dict[str, str]
+    """Policies the node must refresh first, with the reason."""
+    caps: dict[str, int]
+    """Tasks each source may start now (absent: none)."""
+    full: list[str]
+    """Policies whose buffer is full (backpressure)."""
 
 
 def lease_allowance(rate_tasks_per_s: float | None, config: RegulationConfig) -> int | None:

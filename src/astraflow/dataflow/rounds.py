@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from astraflow.data_algorithms.protocols import BatchQuery
 from astraflow.dataflow.buffers import Buffers
 from astraflow.dataflow.config import SourceConfig
+from astraflow.dataflow.regulation import LeasePlan, admission
 from astraflow.dataflow.store import BatchRow, GroupRow, Store
 from astraflow.dataflow.tasks import TaskQueue
 from astraflow.errors import ValidationError
-from astraflow.records import NO_VERSION, RoundTiming, SyncReport
+from astraflow.records import NO_VERSION, PolicyVersion, RoundTiming, SyncReport
 
 __all__ = ["BLOCKED", "HISTORY", "SyncRounds"]
 
@@ -43,8 +44,15 @@ BLOCKED = "sync round "
 _NO_CAP = 1 << 30
 
 
+def _versions(latest: Mapping[str, PolicyVersion]) -> dict[str, int]:
+    return {p: v.version for p, v in latest.items()}
+
+
 class SyncRounds:
-    """The current round of a sync-mode service, over its task queue and buffers."""
+    """The current round of a sync-mode service, over its task queue and buffers.
+
+    The sync ``modes.Regulator``: it replaces backpressure, admission and take.
+    """
 
     def __init__(
         self,
@@ -53,7 +61,7 @@ class SyncRounds:
         buffers: Buffers,
         round_tasks: int,
         policies: Sequence[str],
-        latest: Mapping[str, int],
+        latest: Mapping[str, PolicyVersion],
     ) -> None:
         self.store, self.queue, self.buffers = store, queue, buffers
         self.round_tasks = round_tasks
@@ -61,7 +69,7 @@ class SyncRounds:
         saved: dict[str, Any] | None = store.get_meta("sync")
         self._saved = json.dumps(saved, sort_keys=True)
         if saved is None:  # a new run (or one that ran async so far): start at its versions
-            saved = {"round": max(0, self._lowest(latest)), "quota": round_tasks}
+            saved = {"round": max(0, self._lowest(_versions(latest))), "quota": round_tasks}
         self.round: int = saved["round"]
         self.quota: int = saved["quota"]
         self.topups: int = saved.get("topups", 0)
@@ -92,12 +100,12 @@ class SyncRounds:
 
     # ------------------------------------------------------------------ transitions
 
-    def step(self, latest: Mapping[str, int], now: float) -> bool:
+    def step(self, latest: Mapping[str, PolicyVersion], now: float) -> bool:
         """Apply the round rules after a change; True when the round's data just became complete.
 
         Runs inside the caller's transaction (it writes the round state when it changed).
         """
-        low = self._lowest(latest)
+        low = self._lowest(_versions(latest))
         if low > self.round:
             self._close(low, now)
         if self.opened_at is None and low >= self.round:
@@ -105,7 +113,7 @@ class SyncRounds:
             log.info("sync round open round=%d quota=%d", self.round, self.quota)
         stray = [t for t in self.queue.open if t not in self.tasks]
         if stray:  # every open task belongs to the current round
-            self.add(stray)
+            self.leased(stray)
         completed = self._check_complete(now)
         state = json.dumps(self._state(), sort_keys=True)
         if state != self._saved:
@@ -113,7 +121,7 @@ class SyncRounds:
             self._saved = state
         return completed
 
-    def add(self, task_ids: Iterable[str]) -> None:
+    def leased(self, task_ids: Iterable[str]) -> None:
         """Make tasks members of the current round."""
         new = [t for t in task_ids if t not in self.tasks]
         self.tasks.update(new)
@@ -135,7 +143,7 @@ class SyncRounds:
         self.round, self.quota, self.topups = new_round, self.round_tasks, 0
         self.opened_at = self.data_complete_at = None
         self.tasks = set()
-        self.add(carried)
+        self.leased(carried)
 
     def _check_complete(self, now: float) -> bool:
         if self.opened_at is None or self.data_complete_at is not None:
@@ -163,49 +171,58 @@ class SyncRounds:
 
     # ------------------------------------------------------------------ lease side
 
-    def required(self, latest: Mapping[str, int]) -> dict[str, int]:
-        """Version a node must hold per announced policy (admission with staleness 0)."""
-        return {p: min(v, self.round) for p, v in latest.items()}
+    def plan(
+        self,
+        sources: Sequence[SourceConfig],
+        held: Mapping[str, int],
+        latest: Mapping[str, PolicyVersion],
+    ) -> LeasePlan:
+        """Admission with staleness 0 against the round's version; the round bounds buffers."""
+        required = {p: min(v.version, self.round) for p, v in latest.items()}
+        needed = sorted({p for s in sources for p in s.policies})
+        refresh = admission(needed, held, required, dict.fromkeys(required, 0))
+        return LeasePlan(refresh, self._caps(sources, refresh), [])
 
-    def lease_caps(
-        self, sources: Sequence[SourceConfig], refresh: Mapping[str, str]
-    ) -> dict[str, int]:
-        """Tasks each source may start now (replaces backpressure: the round bounds buffers)."""
+    def _caps(self, sources: Sequence[SourceConfig], refresh: Mapping[str, str]) -> dict[str, int]:
         if self.opened_at is None or self.data_complete_at is not None:
             return {}
-        if self.remaining() == 0 and not self.queue.pending:
+        if self.max_new() == 0 and not self.queue.pending:
             return {}
         return {s.name: _NO_CAP for s in sources if not any(p in refresh for p in s.policies)}
 
-    def lease_key(self) -> tuple[int, bool, bool, int, int]:
+    def lease_key(self) -> Hashable:
         """What decides whether a lease may get a task: see :meth:`more_to_lease`."""
+        return self._key()
+
+    def more_to_lease(self, before: Hashable) -> bool:
+        """Whether a lease the round left empty at ``before`` may now get a task."""
+        now = self._key()
+        assert isinstance(before, tuple)  # what lease_key returned
+        return now[:4] != before[:4] or now[4] > before[4]
+
+    def _key(self) -> tuple[int, bool, bool, int, int]:
         opened, complete = self.opened_at is not None, self.data_complete_at is not None
         return self.round, opened, complete, self.quota, len(self.queue.pending)
 
-    def more_to_lease(self, before: tuple[int, bool, bool, int, int]) -> bool:
-        """Whether a lease the round left empty at ``before`` may now get a task."""
-        now = self.lease_key()
-        return now[:4] != before[:4] or now[4] > before[4]
-
-    def remaining(self) -> int:
+    def max_new(self) -> int:
         """New tasks the round may still lease."""
         return max(0, self.quota - len(self.tasks))
 
-    def blocked(self, latest: Mapping[str, int]) -> str | None:
+    def blocked(self, latest: Mapping[str, PolicyVersion]) -> str | None:
         """Why the round leases nothing now (None: it may lease)."""
-        r = self.round
+        r, versions = self.round, _versions(latest)
         if self.opened_at is None:
-            behind = [p for p in self.policies if latest.get(p, NO_VERSION) < r]
+            behind = [p for p in self.policies if versions.get(p, NO_VERSION) < r]
             return (
                 f"{BLOCKED}{r}: waiting for trainers to announce version {r} ({', '.join(behind)})"
             )
         if self.data_complete_at is not None:
-            behind = [p for p in self.policies if latest.get(p, NO_VERSION) <= r]
+            behind = [p for p in self.policies if versions.get(p, NO_VERSION) <= r]
             return (
                 f"{BLOCKED}{r}: waiting for trainers (the round's data is complete; "
                 f"{', '.join(behind)} to announce version {r + 1})"
             )
-        if self.remaining() == 0 and not self.queue.pending:
+        if self.max_new() == 0 and not self.queue.pending:
             return (
                 f"{BLOCKED}{r}: waiting for trainers (all {len(self.tasks)} round tasks "
                 f"leased, {self._open_tasks()} still running)"
@@ -258,13 +275,13 @@ class SyncRounds:
             closed_at=closed_at,
         )  # fmt: skip
 
-    def report(self, latest: Mapping[str, int]) -> SyncReport:
+    def report(self, latest: Mapping[str, PolicyVersion]) -> SyncReport:
         """The round state for the report."""
-        r = self.round
+        r, versions = self.round, _versions(latest)
         if self.opened_at is None:
-            state, behind = "waiting", [p for p in self.policies if latest.get(p, -1) < r]
+            state, behind = "waiting", [p for p in self.policies if versions.get(p, -1) < r]
         elif self.data_complete_at is not None:
-            state, behind = "complete", [p for p in self.policies if latest.get(p, -1) <= r]
+            state, behind = "complete", [p for p in self.policies if versions.get(p, -1) <= r]
         else:
             state, behind = "open", []
         return SyncReport(

@@ -42,7 +42,9 @@ class ServiceRuntime:
         self._events: dict[str, asyncio.Event] = {}
         self._round = asyncio.Event()
         self.lease_hold_s = (
-            service.config.regulation.sync_lease_hold_s if service.rounds is not None else 0.0
+            service.config.regulation.sync_lease_hold_s
+            if service.config.regulation.mode == "sync"
+            else 0.0
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None

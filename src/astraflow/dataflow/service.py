@@ -4,12 +4,12 @@ Each public method is one atomic change: it validates its input first (a bad req
 nothing), then writes through the store in one transaction that is committed before it
 returns. Memory mirrors the store; if a transaction fails, memory is reloaded from it.
 
-    lease ──► admission / backpressure / throttle (regulation) ──► TaskQueue.lease
+    lease ──► regulator.plan (admission, caps) / throttle ──► TaskQueue.lease
     submit ─► validate ─► TaskQueue.accept ─► filters ─► Buffers.add ─► selector.feedback
-    take ───► Buffers.take (staleness bound, sampler)      ack ──► Buffers.ack
+    take ───► regulator.take                                ack ──► Buffers.ack
     announce ► versions                                     sweep ► lease / batch expiry
-    sync mode: rounds.py replaces backpressure, admission and take; SyncRounds.step ends
-               every change     admin: desired pool sizes (pools.py)
+    every change ends with regulator.step (modes.py: async, or sync rounds)
+    admin: desired pool sizes (pools.py)
 
 Methods are thread-safe (one lock); the HTTP layer runs them on one writer thread.
 """
@@ -28,9 +28,9 @@ from astraflow.dataflow import regulation
 from astraflow.dataflow.algorithms import PluginSet
 from astraflow.dataflow.buffers import Buffers, validate_samples
 from astraflow.dataflow.config import DataflowConfig
+from astraflow.dataflow.modes import Regulator, make_regulator
 from astraflow.dataflow.pools import PoolSizing
 from astraflow.dataflow.report import Telemetry, build_report
-from astraflow.dataflow.rounds import SyncRounds
 from astraflow.dataflow.sources import Catalog, load_source
 from astraflow.dataflow.store import Store
 from astraflow.dataflow.tasks import TaskQueue
@@ -116,16 +116,9 @@ class DataflowService:
             for p, (v, m, t, f) in self.store.latest_versions().items()
         }
         self.pools = PoolSizing(self.store)
-        reg = self.config.regulation
-        self.rounds: SyncRounds | None = None
-        if reg.mode == "sync":
-            assert reg.sync_round_tasks is not None  # the config requires it in sync mode
-            active = [p for p in self.config.policies if p not in self._final()]
-            self.rounds = SyncRounds(self.store, self.queue, self.buffers, reg.sync_round_tasks,
-                                     active, self._versions())  # fmt: skip
-
-    def _versions(self) -> dict[str, int]:
-        return {p: v.version for p, v in self.latest.items()}
+        self.regulator: Regulator = make_regulator(
+            self.config, self.store, self.queue, self.buffers, self.latest
+        )
 
     def _final(self) -> set[str]:
         """Policies whose trainer announced its final version (no longer buffered)."""
@@ -140,24 +133,23 @@ class DataflowService:
     def _change(self) -> Iterator[None]:
         """One atomic change; on failure, roll back and reload memory from the store.
 
-        In sync mode the round rules run last, in the same transaction.
+        The regulator's rules run last, in the same transaction.
         """
         with self._lock:
-            rounds, completed = self.rounds, False
-            key = None if rounds is None else rounds.lease_key()
+            regulator = self.regulator
+            key = regulator.lease_key()
             try:
                 with self.store.transaction():
                     yield
-                    if rounds is not None:
-                        completed = rounds.step(self._versions(), self.clock())
+                    completed = regulator.step(self.latest, self.clock())
                     self.plugins.save(self.store)
             except BaseException:
                 self._reload()
                 raise
-            if completed:  # the round's batches are servable: wake every long-poll
+            if completed:  # a batch became servable for every policy: wake every long-poll
                 self._notify(set(self.config.policies))
             wake = self.on_round_change
-            if rounds is not None and key is not None and wake and rounds.more_to_lease(key):
+            if wake is not None and regulator.more_to_lease(key):
                 wake()
 
     def _reload(self) -> None:
@@ -196,56 +188,33 @@ class DataflowService:
         with self._lock:
             self.telemetry.node(req.node_id, req.pool, req.stats)
             sources = [s for s in self.config.sources if s.workflow in req.workflows]
-            needed = {p for s in sources for p in s.policies}
-            rounds, latest = self.rounds, self._versions()
-            if rounds is None:
-                refresh = regulation.admission(
-                    sorted(needed), req.versions, latest,
-                    {p: c.max_staleness for p, c in self.config.policies.items()},
-                )  # fmt: skip
-                final = self._final()  # finished trainers: their buffers no longer throttle
-                occupied = {p: 0 if p in final else self._occupied(p) for p in needed}
-                caps, full = regulation.source_caps(
-                    sources, self.config.policies, occupied, refresh
-                )
-            else:  # staleness 0 against the round's version; the round bounds the buffers
-                required = rounds.required(latest)
-                refresh = regulation.admission(
-                    sorted(needed), req.versions, required, dict.fromkeys(required, 0)
-                )
-                caps, full = rounds.lease_caps(sources, refresh), []
+            plan = self.regulator.plan(sources, req.versions, self.latest)
             held = self.queue.held(req.node_id)
             allowance = regulation.lease_allowance(
                 self.telemetry.node_rate(req.node_id), self.config.regulation
             )
             decision = regulation.LeaseDecision(
                 capacity=req.capacity, workflows=req.workflows, runnable=bool(sources),
-                refresh=refresh, full=full, held=held, allowance=allowance,
+                refresh=plan.refresh, full=plan.full, held=held, allowance=allowance,
                 want=regulation.lease_grant(req.capacity, held, allowance),
             )  # fmt: skip
             tasks = []
-            if decision.want and caps:
-                max_new = None if rounds is None else rounds.remaining()
+            if decision.want and plan.caps:
                 with self._change():
-                    tasks = self.queue.lease(req.node_id, req.pool, decision.want, caps,
-                                             self.clock(), max_new)  # fmt: skip
-                    if rounds is not None:
-                        rounds.add(t.task_id for t in tasks)
+                    tasks = self.queue.lease(req.node_id, req.pool, decision.want, plan.caps,
+                                             self.clock(), self.regulator.max_new())  # fmt: skip
+                    self.regulator.leased(t.task_id for t in tasks)
             reason = decision.reason(len(tasks), self.queue.exhausted())
-            if rounds is not None and len(tasks) < req.capacity:
-                reason = rounds.blocked(latest) or reason
+            if len(tasks) < req.capacity:
+                reason = self.regulator.blocked(self.latest) or reason
         return LeaseReply(
             tasks=tasks,
             lease_ttl_s=self.config.lease.ttl_s,
             versions=dict(self.latest),
-            refresh=refresh,
+            refresh=plan.refresh,
             reason=reason,
             retry_after_s=0.0 if tasks else self.config.lease.retry_after_s,
         )
-
-    def _occupied(self, policy: str) -> int:
-        buffered, _, served = self.buffers.samples(policy)
-        return buffered + served + self.queue.in_flight[policy]
 
     def renew(self, req: RenewRequest) -> RenewReply:
         """Extend the node's leases; report the ones it lost."""
@@ -330,10 +299,7 @@ class DataflowService:
         query = BatchQuery(req.policy, req.trainer_id, req.trainer_version, req.min_samples,
                            req.max_samples)  # fmt: skip
         with self._change():
-            if self.rounds is None:
-                taken = self.buffers.take(query, self.clock())
-            else:
-                taken = self.rounds.take(query, self.clock())
+            taken = self.regulator.take(query, self.clock())
         if taken is None:
             return None
         row, data, n = taken
@@ -363,8 +329,7 @@ class DataflowService:
                         self.store.insert_version(pv.policy, latest.version, latest.manifest,
                                                   latest.created_at, final=True)  # fmt: skip
                         self.latest[pv.policy] = latest
-                        if self.rounds is not None:
-                            self.rounds.retire(pv.policy)
+                        self.regulator.retire(pv.policy)
                     log.info("final version policy=%s version=%d: its samples are no longer "
                              "buffered", pv.policy, latest.version)  # fmt: skip
                 return AnnounceReply(latest=latest)
@@ -379,9 +344,9 @@ class DataflowService:
                 self.store.insert_version(
                     pv.policy, pv.version, pv.manifest, pv.created_at, final=pv.final
                 )
-                self.latest[pv.policy] = pv  # before the change ends: sync rounds read it
-                if self.rounds is not None and pv.final:
-                    self.rounds.retire(pv.policy)
+                self.latest[pv.policy] = pv  # before the change ends: the regulator reads it
+                if pv.final:
+                    self.regulator.retire(pv.policy)
         log.info("version announced policy=%s version=%d", pv.policy, pv.version)
         return AnnounceReply(latest=pv)
 
@@ -413,7 +378,7 @@ class DataflowService:
             }
             tasks = TaskQueueReport(**self.queue.counts(), exhausted=self.queue.exhausted())
             plugins = self.plugins.metrics()
-            sync = None if self.rounds is None else self.rounds.report(self._versions())
+            sync = self.regulator.report(self.latest)
             return build_report(
                 self.telemetry, tasks, self.queue.leased_per_node(), policies, plugins,
                 self.config.lease.ttl_s, desired=self.pools.desired, sync=sync,
