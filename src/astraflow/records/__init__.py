@@ -1,0 +1,150 @@
+"""Shared records: the ``/v1`` wire vocabulary every component speaks (no torch here).
+
+Control messages travel as JSON; anything carrying samples travels as msgpack, with token,
+mask, logprob and version arrays packed as little-endian bytes (``pack`` / ``unpack``). Every
+record validates itself on construction, so decoding at a wire edge *is* validation: lengths,
+value ranges and finiteness are checked here once, for every component.
+
+    Task ──lease──► node ──workflow──► Sample* ──submit──► buffer[policy] ──take──► Batch
+                                          (one group per task and policy)
+
+``wire``: the messages and their codec; ``report``: the report and admin records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
+
+from astraflow.records import report, wire
+from astraflow.records.report import (
+    MAX_POOL_NODES,
+    DataflowReport,
+    NodeReport,
+    PolicyReport,
+    PoolReport,
+    PoolSize,
+    PoolSizeRequest,
+    PoolSizes,
+    PoolTarget,
+    RoundTiming,
+    SyncReport,
+    TaskQueueReport,
+    TrainerReport,
+)
+from astraflow.records.wire import (
+    JSON_MEDIA_TYPE,
+    MSGPACK_MEDIA_TYPE,
+    NAME_PATTERN,
+    NO_VERSION,
+    WIRE_VERSION,
+    AckRequest,
+    AnnounceReply,
+    Batch,
+    FailReply,
+    FailRequest,
+    Float32Array,
+    Id,
+    Int32Array,
+    LeaseRef,
+    LeaseReply,
+    LeaseRequest,
+    MaskArray,
+    Name,
+    NodeStats,
+    PolicyVersion,
+    Record,
+    RecordT,
+    ReleaseReply,
+    ReleaseRequest,
+    RenewReply,
+    RenewRequest,
+    Role,
+    Sample,
+    SubmitReply,
+    SubmitRequest,
+    TakeBatchRequest,
+    Task,
+    groups_of,
+    pack,
+    parse,
+    parse_json,
+    unpack,
+    validation_error,
+)
+
+__all__ = [
+    "JSON_MEDIA_TYPE",
+    "MAX_POOL_NODES",
+    "MSGPACK_MEDIA_TYPE",
+    "NAME_PATTERN",
+    "NO_VERSION",
+    "WIRE_VERSION",
+    "AckRequest",
+    "AnnounceReply",
+    "Batch",
+    "DataflowReport",
+    "FailReply",
+    "FailRequest",
+    "Float32Array",
+    "Id",
+    "Int32Array",
+    "LeaseRef",
+    "LeaseReply",
+    "LeaseRequest",
+    "MaskArray",
+    "Name",
+    "NodeReport",
+    "NodeStats",
+    "PolicyReport",
+    "PolicyVersion",
+    "PoolReport",
+    "PoolSize",
+    "PoolSizeRequest",
+    "PoolSizes",
+    "PoolTarget",
+    "Record",
+    "RecordT",
+    "ReleaseReply",
+    "ReleaseRequest",
+    "RenewReply",
+    "RenewRequest",
+    "Role",
+    "RoundTiming",
+    "Sample",
+    "SubmitReply",
+    "SubmitRequest",
+    "SyncReport",
+    "TakeBatchRequest",
+    "Task",
+    "TaskQueueReport",
+    "TrainerReport",
+    "groups_of",
+    "pack",
+    "parse",
+    "parse_json",
+    "unpack",
+    "validation_error",
+    "wire_schemas",
+]
+
+
+def _records(module: ModuleType) -> list[type[Record]]:
+    return [
+        v
+        for v in vars(module).values()
+        if isinstance(v, type)
+        and issubclass(v, Record)
+        and v is not Record
+        and v.__module__ == module.__name__
+    ]
+
+
+def wire_schemas() -> Mapping[str, dict[str, Any]]:
+    """JSON schema of every ``/v1`` record (each ``Record`` class of ``wire`` and ``report``),
+    keyed by name (snapshotted by contract tests)."""
+    return {
+        m.__name__: m.model_json_schema(mode="validation") for mod in (wire, report)
+        for m in _records(mod)
+    }  # fmt: skip
