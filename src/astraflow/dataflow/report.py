@@ -12,12 +12,16 @@ Dead-band rule on the highest trainer waiting fraction w over the window::
 ``current`` is the number of active nodes (seen within one lease ttl): of all pools for
 ``report.target``, of one pool for ``report.pools[p].target_nodes`` (the same decision applied
 to each pool), each clamped to [min_nodes, max_nodes].
+
+The rule runs in the service's clock-driven sweep (:meth:`Telemetry.decide`), which stores its
+``Targets``; building a report only reads them, so how often anyone reads the report changes
+no decision.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from astraflow.dataflow.config import ReportConfig
@@ -33,7 +37,7 @@ from astraflow.records import (
     TrainerReport,
 )
 
-__all__ = ["DeadBand", "RateWindow", "Telemetry", "WaitTracker", "build_report"]
+__all__ = ["DeadBand", "RateWindow", "Targets", "Telemetry", "WaitTracker", "build_report"]
 
 #: Shortest span a rate is averaged over, so a node seen a moment ago gets no inflated rate.
 MIN_SPAN_S = 1.0
@@ -133,6 +137,14 @@ class _Trainer:
     batches: int = 0
 
 
+@dataclass(frozen=True)
+class Targets:
+    """One dead-band decision: for all pools together, and for each pool."""
+
+    overall: PoolTarget
+    pools: dict[str, PoolTarget]
+
+
 class DeadBand:
     """The target pool size from trainer waiting (see the module docstring)."""
 
@@ -172,14 +184,19 @@ class DeadBand:
 
     def target(self, now: float, current: int, waiting: float | None) -> PoolTarget:
         """Decide the target for ``current`` active nodes at waiting fraction ``waiting``."""
-        change, reason = self.decide(now, current, waiting)
-        return PoolTarget(
-            current_nodes=current,
-            target_nodes=self.clamp(current + change),
-            waiting_fraction=waiting,
-            band=self.config.band,
-            reason=reason,
-        )
+        return self.targets(now, {"": current}, waiting).overall
+
+    def targets(self, now: float, nodes: Mapping[str, int], waiting: float | None) -> Targets:
+        """Decide once for all ``nodes`` (active per pool); apply the change to each pool."""
+        change, reason = self.decide(now, sum(nodes.values()), waiting)
+
+        def target(current: int) -> PoolTarget:
+            return PoolTarget(
+                current_nodes=current, target_nodes=self.clamp(current + change),
+                waiting_fraction=waiting, band=self.config.band, reason=reason, decided_at=now,
+            )  # fmt: skip
+
+        return Targets(target(sum(nodes.values())), {p: target(n) for p, n in nodes.items()})
 
 
 class Telemetry:
@@ -193,6 +210,14 @@ class Telemetry:
         self.nodes: dict[str, _Node] = {}
         self.trainers: dict[str, _Trainer] = {}
         self.dead_band = DeadBand(config)
+        self.targets = Targets(
+            PoolTarget(
+                current_nodes=0, target_nodes=self.dead_band.clamp(0), band=config.band,
+                reason="holding: no decision yet", decided_at=self.started,
+            ),
+            {},
+        )  # fmt: skip
+        """The latest dead-band decision (:meth:`decide`); reports only read it."""
 
     def book(self, node_id: str, pool: str) -> _Node:
         """The node's book, without marking it as seen (e.g. to count its expired leases)."""
@@ -216,9 +241,9 @@ class Telemetry:
         book = self.nodes.get(node_id)
         return None if book is None else book.pool
 
-    def forget_idle(self, leased: Mapping[str, int]) -> None:
+    def forget_idle(self, now: float, leased: Mapping[str, int]) -> None:
         """Drop nodes silent for ten report windows that hold no lease (elastic pools churn)."""
-        horizon = self.clock() - 10 * self.config.window_s
+        horizon = now - 10 * self.config.window_s
         for n in [n for n in self.nodes.values() if n.node_id not in leased]:
             if (n.last_seen if n.last_seen is not None else n.first_seen) < horizon:
                 del self.nodes[n.node_id]
@@ -255,17 +280,35 @@ class Telemetry:
         book.version = version
         book.batches += 1
 
-    def active_nodes(self, ttl_s: float) -> list[_Node]:
+    def active_nodes(self, now: float, ttl_s: float) -> list[_Node]:
         """Nodes that called within ``ttl_s``."""
-        now = self.clock()
         return [
             n for n in self.nodes.values() if n.last_seen is not None and now - n.last_seen <= ttl_s
         ]
 
+    def waiting(self, now: float) -> float | None:
+        """Highest waiting fraction among trainers seen within the window (None: none)."""
+        recent = [
+            t.waits.fraction(now, t.first_seen)
+            for t in self.trainers.values()
+            if now - t.last_seen <= self.config.window_s
+        ]
+        return max(recent) if recent else None
+
+    def decide(self, now: float, ttl_s: float, pools: Iterable[str]) -> Targets:
+        """Run the dead-band rule now and store its targets (the sweep calls this).
+
+        ``pools``: pools to decide for even with no active node (those with a desired size).
+        """
+        nodes = dict.fromkeys(pools, 0)
+        for n in self.active_nodes(now, ttl_s):
+            nodes[n.pool] = nodes.get(n.pool, 0) + 1
+        self.targets = self.dead_band.targets(now, nodes, self.waiting(now))
+        return self.targets
+
     def node_reports(self, leased: Mapping[str, int]) -> dict[str, NodeReport]:
         """Every known node's report."""
         now = self.clock()
-        self.forget_idle(leased)
         return {
             n.node_id: NodeReport(
                 node_id=n.node_id,
@@ -323,7 +366,7 @@ def build_report(
     """
     now = telemetry.clock()
     nodes = telemetry.node_reports(leased)
-    active = {n.node_id for n in telemetry.active_nodes(ttl_s)}
+    active = {n.node_id for n in telemetry.active_nodes(now, ttl_s)}
     desired = desired or {}
     pools: dict[str, PoolReport] = {p: _empty_pool(p) for p in sorted(desired)}
     for n in nodes.values():
@@ -339,41 +382,27 @@ def build_report(
             }
         )
     trainers = telemetry.trainer_reports()
-    window = telemetry.config.window_s
-    recent = [
-        trainers[t.trainer_id].waiting_fraction
-        for t in telemetry.trainers.values()
-        if now - t.last_seen <= window
-    ]
-    band, waiting = telemetry.dead_band, max(recent) if recent else None
-    change, reason = band.decide(now, len(active), waiting)
-    target = PoolTarget(
-        current_nodes=len(active), target_nodes=band.clamp(len(active) + change),
-        waiting_fraction=waiting, band=band.config.band, reason=reason,
-    )  # fmt: skip
-    pool_targets: dict[str, PoolTarget] = {}
+    targets = telemetry.targets  # decided by the sweep: reading decides nothing
     for name, p in pools.items():
-        pool_targets[name] = target.model_copy(
-            update={"current_nodes": p.nodes, "target_nodes": band.clamp(p.nodes + change)}
-        )
+        decided = targets.pools.get(name)
         pools[name] = p.model_copy(
             update={
                 "desired_nodes": desired.get(name),
-                "target_nodes": pool_targets[name].target_nodes,
+                "target_nodes": None if decided is None else decided.target_nodes,
             }
         )
     return DataflowReport(
         time=now,
         uptime_s=max(0.0, now - telemetry.started),
-        window_s=window,
+        window_s=telemetry.config.window_s,
         tasks=tasks,
         pools=pools,
         nodes=nodes,
         policies=policies,
         trainers=trainers,
-        target=target,
+        target=targets.overall,
         plugins=plugins,
-        pool_targets=pool_targets,
+        pool_targets=dict(targets.pools),
         mode="async" if sync is None else "sync",
         sync=sync,
     )

@@ -7,7 +7,7 @@ returns. Memory mirrors the store; if a transaction fails, memory is reloaded fr
     lease ──► regulator.plan (admission, caps) / throttle ──► TaskQueue.lease
     submit ─► validate ─► TaskQueue.accept ─► filters ─► Buffers.add ─► selector.feedback
     take ───► regulator.take                                ack ──► Buffers.ack
-    announce ► versions                                     sweep ► lease / batch expiry
+    announce ► versions                    sweep ► lease / batch expiry, pool targets
     every change ends with regulator.step (modes.py: async, or sync rounds)
     admin: desired pool sizes (pools.py)
 
@@ -164,7 +164,8 @@ class DataflowService:
     # ------------------------------------------------------------------ expiry
 
     def sweep(self, *, force: bool = False) -> None:
-        """Expire overdue leases (re-queue, attempt + 1) and un-acked batches (re-buffer)."""
+        """Expire overdue leases (re-queue, attempt + 1) and un-acked batches (re-buffer);
+        decide the pool targets (the dead-band rule) that reports then read."""
         now = self.clock()
         interval = min(0.5, self.config.lease.ttl_s / 4)
         if not force and now - self._last_sweep < interval:
@@ -178,6 +179,8 @@ class DataflowService:
                 log.info("lease expired task=%s node=%s attempt=%d", ot.row.task_id, node,
                          ot.row.attempt)  # fmt: skip
             changed = self.buffers.expire(now)
+            self.telemetry.forget_idle(now, self.queue.leased_per_node())
+            self.telemetry.decide(now, self.config.lease.ttl_s, self.pools.desired)
         self._notify(changed)
 
     # ------------------------------------------------------------------ node side

@@ -114,6 +114,8 @@ class PoolTarget(Record):
     """Highest waiting fraction among active trainers (None: no trainer activity)."""
     band: tuple[float, float]
     reason: str
+    decided_at: float | None = None
+    """When the service's sweep made this decision (reading the report decides nothing)."""
 
 
 class RoundTiming(Record):

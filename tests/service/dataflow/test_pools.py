@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 
 from astraflow.dataflow.client import AsyncDataflowClient, DataflowClient
 from astraflow.errors import ForbiddenError, ValidationError
-from astraflow.records import LeaseRequest, PoolSize, TakeBatchRequest
+from astraflow.records import DataflowReport, LeaseRequest, PoolSize, TakeBatchRequest
 from fixtures.dataflow import DataflowProcess, make_config
 
 TOKENS = {"node": "node-secret", "trainer": "trainer-secret", "admin": "admin-secret"}
@@ -22,6 +23,17 @@ TOKENS = {"node": "node-secret", "trainer": "trainer-secret", "admin": "admin-se
 
 def node_call(c: DataflowClient, node: str, pool: str) -> None:
     c.lease(LeaseRequest(node_id=node, pool=pool, capacity=0, workflows=["rlvr"]))
+
+
+def after_a_sweep(c: DataflowClient, since: float) -> DataflowReport:
+    """The first report whose targets the service's sweep decided after ``since`` (the
+    sweeper runs every 0.5 s; reading the report decides nothing)."""
+    for _ in range(200):
+        report = c.report()
+        if (report.target.decided_at or 0.0) >= since:
+            return report
+        time.sleep(0.05)
+    raise AssertionError("the service's sweeper decided no target for 10 s")
 
 
 def test_set_get_delta_and_clamp(tmp_path: Path, dataflow_factory: Callable[..., str]) -> None:
@@ -42,7 +54,7 @@ def test_set_get_delta_and_clamp(tmp_path: Path, dataflow_factory: Callable[...,
             "local": (4, 0),
             "gpu": (3, 1),
         }
-        report = c.report()  # one reply holds what an autoscaler needs
+        report = after_a_sweep(c, time.time())  # one reply holds what an autoscaler needs
         assert report.pools["local"].desired_nodes == 4 and report.pools["local"].nodes == 0
         assert report.pools["gpu"].desired_nodes == 3 and report.pools["gpu"].nodes == 1
         assert report.pools["gpu"].target_nodes == 1  # no trainer activity: hold
@@ -68,7 +80,7 @@ def test_pool_target_follows_the_dead_band(
         node_call(c, "b1", "b")
         # a trainer that only waits: above the band, every pool's target grows by one step
         c.take_batch(TakeBatchRequest(policy="solver", trainer_version=0, timeout_s=1.0))
-        report = c.report()
+        report = after_a_sweep(c, time.time())
         assert report.target.target_nodes == 4 and "scale up" in report.target.reason
         assert {p: s.target for p, s in c.pool_sizes().pools.items()} == {"a": 3, "b": 2}
         a = report.pool_targets["a"]
