@@ -101,9 +101,7 @@ def test_the_core_install_serves_a_dataflow(core_venv: Path, tmp_path: Path) -> 
     assert len(lease.json()["tasks"]) == 2  # real tasks from the JSONL source
 
 
-def test_the_core_install_serves_weights_and_merges_deltas(
-    core_venv: Path, tmp_path: Path
-) -> None:
+def test_the_core_install_serves_weights_and_merges_deltas(core_venv: Path, tmp_path: Path) -> None:
     from astraflow.weights import WeightStore, WeightStoreConfig, manifest_ref
 
     root = tmp_path / "store"
