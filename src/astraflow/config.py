@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 import pydantic
 import yaml
@@ -105,11 +105,12 @@ def validate(cls: type[M], data: Mapping[str, Any], *, source: str) -> M:
         raise ConfigError(f"{source}: " + "; ".join(describe(exc, cls))) from exc
 
 
-def describe(exc: pydantic.ValidationError, root: type[BaseModel]) -> list[str]:
-    """One line per pydantic error, naming the dotted key; unknown keys list the allowed ones."""
+def describe(exc: pydantic.ValidationError, root: type[BaseModel], prefix: str = "") -> list[str]:
+    """One line per pydantic error, naming the dotted key (after ``prefix``, the path of
+    ``root`` in a larger config); unknown keys list the allowed ones."""
     lines = []
     for err in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = ".".join([prefix, *map(str, err["loc"])] if prefix else map(str, err["loc"]))
         if err["type"] == "extra_forbidden":
             allowed = _allowed_keys(root, err["loc"][:-1])
             hint = f" (allowed: {', '.join(allowed)})" if allowed else ""
@@ -120,18 +121,33 @@ def describe(exc: pydantic.ValidationError, root: type[BaseModel]) -> list[str]:
 
 
 def _allowed_keys(root: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
-    model: Any = root
+    annotation: Any = root
     for part in loc:
-        if isinstance(part, int) or not (isinstance(model, type) and issubclass(model, BaseModel)):
-            # inside a list or dict: keep the model of the items if there is one
-            continue
-        field = model.model_fields.get(str(part))
-        if field is None:
+        annotation = _step(annotation, str(part))
+        if annotation is None:
             return []
-        model = _model_of(field.annotation)
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return list(model.model_fields)
-    return []
+    model = _model_of(annotation)
+    return list(model.model_fields) if model is not None else []
+
+
+def _step(annotation: Any, part: str) -> Any:
+    """The annotation of ``part`` inside a value of ``annotation`` (None: unknown)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        field = annotation.model_fields.get(part)
+        return None if field is None else field.annotation
+    args = get_args(annotation)
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _step(args[0], part)
+    if origin in (dict, Mapping) and len(args) == 2:
+        return args[1]  # part is a key
+    if origin in (list, tuple, Sequence) and args:
+        return args[0]  # part is an index
+    for arg in args:  # a union: the first member that has ``part``
+        found = _step(arg, part)
+        if found is not None:
+            return found
+    return None
 
 
 def _model_of(annotation: Any) -> Any:

@@ -16,14 +16,30 @@ from __future__ import annotations
 import importlib
 import random
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeVar
 
 import pydantic
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from astraflow.errors import PluginError
 
-__all__ = ["PluginSpec", "Registry", "plugin_rng"]
+__all__ = [
+    "ENGINE_SPEC",
+    "FILTER_SPEC",
+    "GENERATOR_SPEC",
+    "REWARD_SPEC",
+    "SAMPLER_SPEC",
+    "SELECTOR_SPEC",
+    "TOOL_SPEC",
+    "WORKFLOW_SPEC",
+    "NamedSpecs",
+    "PluginOf",
+    "PluginSpec",
+    "Registry",
+    "plugin_rng",
+    "validate_config",
+]
 
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
@@ -52,6 +68,54 @@ class PluginSpec(BaseModel):
         if not isinstance(spec, Mapping) or "type" not in spec:
             raise PluginError(f"a plug-in spec needs a 'type' key, got {spec!r}")
         return cls.model_validate(dict(spec))
+
+
+def _type_from_key(value: Any) -> Any:
+    """``{name: {kwargs}}`` → ``{name: {type: name, **kwargs}}`` (an explicit type wins)."""
+    if not isinstance(value, Mapping):
+        return value
+    out: dict[Any, Any] = {}
+    for name, spec in value.items():
+        if spec is None:
+            spec = {}
+        if isinstance(spec, Mapping) and "type" not in spec:
+            spec = {"type": name, **spec}
+        out[name] = spec
+    return out
+
+
+NamedSpecs = Annotated[dict[str, PluginSpec], BeforeValidator(_type_from_key)]
+"""Plug-ins by the name they are used under; ``type`` defaults to that name."""
+
+
+@dataclass(frozen=True)
+class PluginOf:
+    """Field metadata: the field holds a spec (a list of specs) of the registry ``registry``.
+
+    ``registry`` is the registry's import path, ``package.module:NAME``; config checks resolve
+    and validate such fields without building anything (``Annotated[PluginSpec, PluginOf(..)]``).
+    """
+
+    registry: str
+
+    def resolve(self) -> Registry[Any]:
+        """The registry object."""
+        module_name, _, attr = self.registry.partition(":")
+        registry = getattr(importlib.import_module(module_name), attr, None)
+        if not isinstance(registry, Registry):
+            raise PluginError(f"{self.registry!r} does not name a plug-in registry")
+        return registry
+
+
+# The built-in plug-in points, for config fields: ``Annotated[PluginSpec, WORKFLOW_SPEC]``.
+WORKFLOW_SPEC = PluginOf("astraflow.workflows.registry:WORKFLOWS")
+TOOL_SPEC = PluginOf("astraflow.workflows.tools:TOOLS")
+REWARD_SPEC = PluginOf("astraflow.workflows.rewards:REWARDS")
+ENGINE_SPEC = PluginOf("astraflow.raas.engines.base:ENGINES")
+GENERATOR_SPEC = PluginOf("astraflow.workflows.tasks:GENERATORS")
+SELECTOR_SPEC = PluginOf("astraflow.data_algorithms:SELECTORS")
+FILTER_SPEC = PluginOf("astraflow.data_algorithms:FILTERS")
+SAMPLER_SPEC = PluginOf("astraflow.data_algorithms:SAMPLERS")
 
 
 def plugin_rng(seed: int, point: str, name: str) -> random.Random:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -21,16 +20,13 @@ pytestmark = pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_reduced_quickstart_learns(tmp_path: Path) -> None:
     run_dir = tmp_path / "qs"
-    started = time.monotonic()
     secrets = {"node": "node-secret-1", "trainer": "trainer-secret-2", "admin": "admin-secret-3"}
     config = reduced_quickstart(
         run_dir, *(f"dataflow.auth.{role}={token}" for role, token in secrets.items()), steps=250
     )
     result = LocalRun(config).run()
-    elapsed = time.monotonic() - started
 
     assert result.reason == "finished", result
-    assert elapsed < 180, f"reduced quickstart took {elapsed:.0f}s (CI budget: 3 minutes)"
     assert_quickstart_learned(run_dir, steps=250)
     assert processes_mentioning(str(run_dir)) == []
     # with tokens set, every component authenticated (the run finished, the launcher read

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from pathlib import Path
 
 import pytest
@@ -27,12 +26,9 @@ def test_solver_and_verifier_both_learn(tmp_path: Path) -> None:
         EXAMPLE,
         [f"run_dir={run_dir}", "max_time_s=80", "eval.0.every_s=3", "eval.1.every_s=3"],
     )
-    started = time.monotonic()
     result = LocalRun(config, base_dir=EXAMPLE.parent).run()
-    elapsed = time.monotonic() - started
 
     assert result.reason == "max_time", result
-    assert elapsed < 120, f"the reduced example took {elapsed:.0f}s (budget: 2 minutes)"
     rewards = {}
     for policy in ("solver", "verifier"):
         metrics = [json.loads(x) for x in lines(run_dir / "trainers" / policy / "metrics.jsonl")]

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from astraflow.config import ConfigModel
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import FILTER_SPEC, GENERATOR_SPEC, SAMPLER_SPEC, SELECTOR_SPEC, PluginSpec
 from astraflow.records import Name, Role
 
 __all__ = [
@@ -22,11 +22,16 @@ __all__ = [
     "LimitsConfig",
     "PolicyConfig",
     "RegulationConfig",
+    "RegulationSettings",
     "ReportConfig",
     "SourceConfig",
 ]
 
 PluginField = PluginSpec | str
+
+SelectorField = Annotated[PluginField, SELECTOR_SPEC]
+FilterList = Annotated[list[PluginField], FILTER_SPEC]
+SamplerField = Annotated[PluginField, SAMPLER_SPEC]
 
 
 class PolicyConfig(ConfigModel):
@@ -57,7 +62,7 @@ class SourceConfig(ConfigModel):
     """Split to load for ``hf`` sources given by name."""
     hf_config: str | None = None
     """Dataset configuration name for ``hf`` sources given by name."""
-    generator: PluginSpec | str | None = None
+    generator: Annotated[PluginSpec | str | None, GENERATOR_SPEC] = None
     """Generator spec from ``astraflow.workflows.tasks.GENERATORS`` (type: generator)."""
     limit: int | None = Field(default=None, ge=1)
     """Use the first ``limit`` rows only (required for generators that never end)."""
@@ -94,13 +99,9 @@ class LeaseConfig(ConfigModel):
     """What a lease reply with no task tells the node to wait before asking again."""
 
 
-class RegulationConfig(ConfigModel):
-    """Regulation mode, and how lease sizes follow each node's measured rate."""
+class RegulationSettings(ConfigModel):
+    """How lease sizes follow each node's measured rate (what a run config sets)."""
 
-    mode: Literal["async", "sync"] = "async"
-    """async: the dataflow way; sync: trainer-centred lock-step rounds (see dataflow/rounds.py)."""
-    sync_round_tasks: int | None = Field(default=None, ge=1)
-    """Tasks per sync round (one full batch per policy); required in sync mode."""
     sync_lease_hold_s: float = Field(default=2.0, ge=0, le=10)
     """Sync mode: a lease the round leaves empty waits this long for the round to change
     (opened, tasks re-queued) before it answers, so nodes start a round at once (0: never)."""
@@ -110,6 +111,15 @@ class RegulationConfig(ConfigModel):
     """Leases a node may always hold, whatever its measured rate."""
     initial_lease: int | None = Field(default=None, ge=1)
     """Leases a node with no measured rate may hold (None: whatever capacity it asks for)."""
+
+
+class RegulationConfig(RegulationSettings):
+    """Regulation mode and round size (a launcher sets both from the run), and lease sizing."""
+
+    mode: Literal["async", "sync"] = "async"
+    """async: the dataflow way; sync: trainer-centred lock-step rounds (see dataflow/rounds.py)."""
+    sync_round_tasks: int | None = Field(default=None, ge=1)
+    """Tasks per sync round (one full batch per policy); required in sync mode."""
 
     @model_validator(mode="after")
     def _check_mode(self) -> RegulationConfig:
@@ -197,11 +207,11 @@ class DataflowConfig(ConfigModel):
     """Trained policies by name; samples of any other policy are refused."""
     sources: list[SourceConfig] = Field(default_factory=list)
     """Task sources (names must be unique)."""
-    selector: PluginField = "shuffled"
+    selector: SelectorField = "shuffled"
     """TaskSelector: sequential, shuffled, curriculum, greso, or package.module:Class."""
-    filters: list[PluginField] = Field(default_factory=list)
+    filters: FilterList = Field(default_factory=list)
     """TrajectoryFilters applied in order to every group: dynamic_sampling, length, ..."""
-    sampler: PluginField = "fifo"
+    sampler: SamplerField = "fifo"
     """BatchSampler: fifo, freshest, edf, replay, mixing, or package.module:Class."""
     lease: LeaseConfig = LeaseConfig()
     """Task leases."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated
 
 from pydantic import Field
 
 from astraflow.config import ConfigModel
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import GENERATOR_SPEC, WORKFLOW_SPEC, PluginSpec
 from astraflow.records import Name
 
 __all__ = ["EvalConfig"]
@@ -20,9 +20,11 @@ class EvalConfig(ConfigModel):
     """Policy whose versions are evaluated."""
     weights: str
     """Weight store: a directory, an fsspec URL or a weight server URL."""
-    generator: PluginSpec
+    generator: Annotated[PluginSpec, GENERATOR_SPEC]
     """Task generator of the held-out set (rows with the fields the workflow's prompt uses)."""
-    workflow: dict[str, Any] = Field(default_factory=lambda: {"type": "rlvr"})
+    workflow: Annotated[PluginSpec, WORKFLOW_SPEC] = Field(
+        default_factory=lambda: PluginSpec(type="rlvr")
+    )
     """Workflow spec whose prompt and reward settings are used (single-role workflows)."""
     max_new_tokens: int | None = Field(default=None, ge=1)
     """Generation bound (default: the workflow's sampling.max_new_tokens)."""

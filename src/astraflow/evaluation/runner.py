@@ -43,10 +43,8 @@ class Evaluator:
     def __init__(self, config: EvalConfig) -> None:
         self.config = config
         torch.set_num_threads(config.threads)
-        spec = dict(config.workflow)
-        wf_config = validate_config(
-            WORKFLOWS.resolve(str(spec.pop("type", "rlvr"))), spec, "eval workflow"
-        )
+        spec = config.workflow
+        wf_config = validate_config(WORKFLOWS.resolve(spec.type), spec.kwargs, "eval workflow")
         if not isinstance(wf_config, SingleRoleConfig):
             raise TypeError("evaluation supports single-role workflows (rlvr, tool_calling)")
         self.workflow = wf_config

@@ -12,22 +12,28 @@ code never interprets them further (each component validates its own).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from astraflow.config import ConfigModel
 from astraflow.dataflow.config import (
     AuthConfig,
+    FilterList,
     LeaseConfig,
-    PluginField,
-    RegulationConfig,
+    RegulationSettings,
     ReportConfig,
+    SamplerField,
+    SelectorField,
     SourceConfig,
 )
 from astraflow.models import ModelSpec
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import GENERATOR_SPEC, TOOL_SPEC, WORKFLOW_SPEC, NamedSpecs, PluginSpec
+from astraflow.raas.config import NodeSettings
+from astraflow.raas.config import PolicyConfig as RolloutConfig
 from astraflow.records import Name
+from astraflow.trainer.config import TrainerSettings
+from astraflow.weights.config import WeightStoreConfig
 
 __all__ = [
     "COMPONENT_KINDS",
@@ -48,7 +54,7 @@ class WarmupSection(ConfigModel):
 
     pairs: str | None = None
     """JSONL file of ``{"prompt", "completion"}`` objects (relative to the config file)."""
-    generator: PluginSpec | None = None
+    generator: Annotated[PluginSpec | None, GENERATOR_SPEC] = None
     """Or a task generator whose rows have ``prompt`` and ``completion`` (e.g. noisy_sft)."""
     steps: int = Field(default=300, ge=1)
     """SFT optimizer steps."""
@@ -69,15 +75,16 @@ class PolicySection(ConfigModel):
 
     model: ModelSpec
     """The policy's model (pretrained by name/path, or built from a config)."""
-    trainer: dict[str, Any] = Field(default_factory=dict)
-    """``TrainerConfig`` fields (loss, optimizer, batch, publish_dtype, max_steps, backend ...);
-    policy, model, URLs, run_dir and seed are filled in by the launcher."""
+    trainer: TrainerSettings = Field(default_factory=TrainerSettings)
+    """The trainer (loss, optimizer, batch, publish_dtype, max_steps, backend ...); policy,
+    model, URLs, run_dir and seed are filled in by the launcher."""
     warmup: WarmupSection | None = None
     """SFT warm-up before version 0 (fresh runs only)."""
-    rollout: dict[str, Any] = Field(default_factory=dict)
-    """Node-side ``PolicyConfig`` fields for this policy: engine, refresh, staleness_budget."""
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    """How nodes host this policy: engine, refresh, own model."""
     max_staleness: int = Field(default=1, ge=0)
-    """Trainer versions a sample may lag when served (and a node's weights when leasing)."""
+    """Trainer versions a sample may lag when served, and a node's weights when it leases
+    (the one staleness bound: the dataflow enforces it and tells nodes when to refresh)."""
     max_buffered: int = Field(default=4096, ge=1)
     """Backpressure cap on buffered + in-flight samples of this policy."""
     vocab_size: int | None = Field(default=None, ge=1)
@@ -97,10 +104,11 @@ class PoolSection(ConfigModel):
     """Nodes started with the run."""
     capacity: int = Field(default=8, ge=1)
     """Tasks each node runs at once."""
-    node: dict[str, Any] = Field(default_factory=dict)
-    """Extra ``NodeConfig`` fields for every node of the pool (timeouts, lease_wait_s ...)."""
-    policies: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Per-policy overrides of ``PolicySection.rollout`` for this pool (e.g. another engine)."""
+    node: NodeSettings = Field(default_factory=NodeSettings)
+    """Node settings for every node of the pool (timeouts, lease_wait_s ...)."""
+    policies: dict[Name, RolloutConfig] = Field(default_factory=dict)
+    """Per-policy overrides of ``PolicySection.rollout`` for this pool (e.g. another engine):
+    the keys given replace the policy's."""
     min_nodes: int = Field(default=0, ge=0)
     """Autoscaler lower bound."""
     max_nodes: int = Field(default=8, ge=0)
@@ -114,16 +122,16 @@ class DataflowSection(ConfigModel):
     """Port of the dataflow service (0: a free port, chosen at each launch)."""
     host: str = "127.0.0.1"
     """Address the service binds to."""
-    selector: PluginField = "shuffled"
+    selector: SelectorField = "shuffled"
     """Before-rollout plug-in (TaskSelector)."""
-    filters: list[PluginField] = Field(default_factory=list)
+    filters: FilterList = Field(default_factory=list)
     """After-rollout plug-ins (TrajectoryFilter), applied in order."""
-    sampler: PluginField = "fifo"
+    sampler: SamplerField = "fifo"
     """Batch-serving plug-in (BatchSampler)."""
     lease: LeaseConfig = Field(default_factory=LeaseConfig)
     """Lease time-to-live and attempts."""
-    regulation: RegulationConfig = Field(default_factory=RegulationConfig)
-    """Backpressure and lease sizing."""
+    regulation: RegulationSettings = Field(default_factory=RegulationSettings)
+    """Lease sizing (the mode and the sync round size come from the run's ``mode``)."""
     report: ReportConfig = Field(default_factory=ReportConfig)
     """Report window and dead-band pool target."""
     auth: AuthConfig = Field(default_factory=AuthConfig)
@@ -135,7 +143,7 @@ class EvalSection(ConfigModel):
 
     policy: Name
     """Policy to evaluate."""
-    generator: PluginSpec
+    generator: Annotated[PluginSpec, GENERATOR_SPEC]
     """Task generator of the held-out set (e.g. ``{type: add1, split: eval, size: 200}``)."""
     workflow: Name = "rlvr"
     """Workflow (in ``workflows``) whose prompt and reward settings are used."""
@@ -233,16 +241,16 @@ class RunConfig(ConfigModel):
     """Policies by name; each trained one gets a trainer."""
     sources: list[SourceConfig] = Field(min_length=1)
     """Task sources (each names its workflow, the policies it uses, group size, epochs)."""
-    workflows: dict[Name, dict[str, Any]] = Field(default_factory=dict)
-    """Workflow configs by the name tasks use (``type`` defaults to the name)."""
-    tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Tools offered to every workflow, by registry name."""
+    workflows: Annotated[NamedSpecs, WORKFLOW_SPEC] = Field(default_factory=dict)
+    """Workflow specs by the name tasks use (``type`` defaults to the name)."""
+    tools: Annotated[NamedSpecs, TOOL_SPEC] = Field(default_factory=dict)
+    """Tools offered to every workflow, by name (``type`` defaults to the name)."""
     pools: list[PoolSection] = Field(default_factory=lambda: [PoolSection()])
     """Rollout pools started with the run."""
     dataflow: DataflowSection = Field(default_factory=DataflowSection)
     """Dataflow-service settings."""
-    weights: dict[str, Any] = Field(default_factory=dict)
-    """``WeightStoreConfig`` fields (full_every, keep ...)."""
+    weights: WeightStoreConfig = Field(default_factory=WeightStoreConfig)
+    """How the weight store writes and keeps versions (full_every, keep ...)."""
     serve_weights: bool = False
     """Serve the weight store over HTTP (nodes on other machines); local nodes read the
     directory either way."""
@@ -277,7 +285,8 @@ class RunConfig(ConfigModel):
         return self
 
     def _policy_references(self) -> list[str]:
-        """Every place that names a policy or workflow must name a known one."""
+        """Every source and evaluation must name a known policy (workflow roles are plug-in
+        settings: ``launch.checks`` checks them with the workflow's own config)."""
         problems = []
         known = set(self.policies)
         names = ", ".join(sorted(known))
@@ -286,18 +295,6 @@ class RunConfig(ConfigModel):
                 f"source {src.name!r} uses policy {p!r}, which is not in policies ({names})"
                 for p in src.policies
                 if p not in known
-            ]
-            if src.workflow not in self.workflows and src.workflow not in _BUILTIN_WORKFLOWS:
-                problems.append(
-                    f"source {src.name!r} names workflow {src.workflow!r}, which is neither in "
-                    "workflows nor a built-in"
-                )
-        for name, wf in self.workflows.items():
-            problems += [
-                f"workflow {name!r} has {role}: {value!r}, a policy nobody trains or serves "
-                f"(policies: {names})"
-                for role, value in wf.items()
-                if role in _ROLE_KEYS and isinstance(value, str) and value not in known
             ]
         problems += [
             f"eval policy {ev.policy!r} is not in policies"
@@ -310,14 +307,3 @@ class RunConfig(ConfigModel):
     def trained(self) -> list[str]:
         """Names of the policies that get a trainer."""
         return [n for n, p in self.policies.items() if not p.frozen]
-
-
-_BUILTIN_WORKFLOWS = {
-    "rlvr",
-    "tool_calling",
-    "solver_verifier",
-    "solver_selector",
-    "solver_testgen",
-}
-# workflow config keys that name a policy (the roles of the built-in workflows)
-_ROLE_KEYS = {"policy", "solver", "verifier", "selector", "testgen"}

@@ -23,16 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from astraflow.config import dump_config, validate
-from astraflow.dataflow.config import DataflowConfig
+from astraflow.dataflow.config import DataflowConfig, RegulationConfig
 from astraflow.errors import ConfigError
 from astraflow.evaluation.config import EvalConfig
+from astraflow.launch.checks import check_run, raise_problems, workflow_names, workflow_spec
 from astraflow.launch.config import PoolSection, RunConfig, WarmupSection
 from astraflow.models import ModelSpec
 from astraflow.plugins import PluginSpec
 from astraflow.raas.config import NodeConfig
+from astraflow.raas.config import PolicyConfig as RolloutConfig
 from astraflow.trainer.config import TrainerConfig
 
-__all__ = ["Plan", "make_plan", "node_config"]
+__all__ = ["Plan", "make_plan", "node_config", "sync_round_tasks"]
 
 
 @dataclass
@@ -46,6 +48,8 @@ class Plan:
     evals: dict[str, EvalConfig]
     weights_root: Path
     vocab_sizes: dict[str, int] = field(default_factory=dict)
+    sync_round_tasks: int | None = None
+    """Tasks per sync round (sync mode only): the dataflow's round and the trainers' batch."""
 
     @property
     def dataflow_url(self) -> str:
@@ -68,13 +72,18 @@ class Plan:
 
 def make_plan(config: RunConfig, *, port: int, base_dir: Path | None = None) -> Plan:
     """The plan for ``config`` with the dataflow on ``port``; relative paths resolve in
-    ``base_dir`` (the config file's directory)."""
+    ``base_dir`` (the config file's directory).
+
+    Raises ``ConfigError`` naming every plug-in spec that does not resolve or validate
+    (checked before anything is built or written)."""
+    raise_problems(check_run(config), "run config")
     run_dir = config.run_dir.resolve()
     weights_root = run_dir / "weights"
     vocab = {name: p.vocab_size or _vocab_size(p.model) for name, p in config.policies.items()}
-    dataflow = _dataflow_config(config, run_dir, port, vocab)
+    rounds = sync_round_tasks(config)
+    dataflow = _dataflow_config(config, run_dir, port, vocab, rounds)
     trainers = {
-        name: _trainer_config(config, name, run_dir, weights_root, dataflow, base_dir)
+        name: _trainer_config(config, name, run_dir, weights_root, dataflow, base_dir, rounds)
         for name in config.trained
     }
     evals = {
@@ -83,8 +92,8 @@ def make_plan(config: RunConfig, *, port: int, base_dir: Path | None = None) -> 
             {
                 "policy": ev.policy,
                 "weights": str(weights_root),
-                "generator": ev.generator.model_dump(),
-                "workflow": _workflow_spec(config, ev.workflow),
+                "generator": ev.generator,
+                "workflow": workflow_spec(config, ev.workflow),
                 "max_new_tokens": ev.max_new_tokens,
                 "every_s": ev.every_s,
                 "batch_size": ev.batch_size,
@@ -95,7 +104,7 @@ def make_plan(config: RunConfig, *, port: int, base_dir: Path | None = None) -> 
         )
         for ev in config.eval
     }
-    return Plan(config, run_dir, dataflow, trainers, evals, weights_root, vocab)
+    return Plan(config, run_dir, dataflow, trainers, evals, weights_root, vocab, rounds)
 
 
 def node_config(
@@ -106,38 +115,35 @@ def node_config(
     node_id = node_id or f"{pool.name}-{secrets.token_hex(3)}"
     used = {p for src in config.sources for p in src.policies}
     policies = {
-        name: {**config.policies[name].rollout, **pool.policies.get(name, {})}
+        name: _rollout(config.policies[name].rollout, pool.policies.get(name))
         for name in config.policies
         if name in used
     }
     data: dict[str, Any] = {
+        **dict(pool.node),
         "dataflow_url": plan.dataflow_url,
         "weights": weights or str(plan.weights_root),
         "policies": policies,
-        "workflows": {w: _workflow_spec(config, w) for w in _workflow_names(config)},
+        "workflows": {w: workflow_spec(config, w) for w in workflow_names(config)},
         "tools": config.tools,
         "node_id": node_id,
         "pool": pool.name,
         "capacity": pool.capacity,
         "work_dir": str(plan.run_dir / "nodes" / node_id),
         "seed": config.seed,
-        **pool.node,
     }
     return validate(NodeConfig, data, source=f"pool {pool.name!r} node")
 
 
-def _workflow_names(config: RunConfig) -> list[str]:
-    return sorted({src.workflow for src in config.sources} | set(config.workflows))
-
-
-def _workflow_spec(config: RunConfig, name: str) -> dict[str, Any]:
-    spec = dict(config.workflows.get(name, {}))
-    spec.setdefault("type", name)
-    return spec
+def _rollout(base: RolloutConfig, override: RolloutConfig | None) -> RolloutConfig:
+    """A policy's rollout settings with the keys a pool gives replaced."""
+    if override is None:
+        return base
+    return base.model_copy(update={k: getattr(override, k) for k in override.model_fields_set})
 
 
 def _dataflow_config(
-    config: RunConfig, run_dir: Path, port: int, vocab: dict[str, int]
+    config: RunConfig, run_dir: Path, port: int, vocab: dict[str, int], rounds: int | None
 ) -> DataflowConfig:
     section = config.dataflow
     sync = config.mode == "sync"
@@ -149,38 +155,43 @@ def _dataflow_config(
         }
         for name, p in config.policies.items()
     }
-    regulation = section.regulation.model_dump()
-    if sync:
-        regulation["mode"] = "sync"
-        regulation["sync_round_tasks"] = config.sync_round_tasks or _round_tasks(config)
+    regulation = RegulationConfig(
+        **dict(section.regulation), mode=config.mode, sync_round_tasks=rounds
+    )
     data = {
         "run_dir": str(run_dir / "dataflow"),
         "host": section.host,
         "port": port,
         "seed": config.seed,
         "policies": policies,
-        "sources": [s.model_dump(mode="json") for s in config.sources],
-        "selector": _plugin(section.selector),
-        "filters": [_plugin(f) for f in section.filters],
-        "sampler": _plugin(section.sampler),
-        "lease": section.lease.model_dump(),
+        "sources": config.sources,
+        "selector": section.selector,
+        "filters": section.filters,
+        "sampler": section.sampler,
+        "lease": section.lease,
         "regulation": regulation,
-        "report": section.report.model_dump(),
+        "report": section.report,
         # auth tokens are not written here: the launcher passes them in the environment
     }
     return validate(DataflowConfig, data, source="dataflow")
 
 
-def _round_tasks(config: RunConfig) -> int:
-    """Tasks per sync round: the first trained policy's batch size in groups."""
-    first = config.policies[config.trained[0]]
-    samples = int(first.trainer.get("batch", {}).get("max_samples", 256))
-    group = max(s.group_size for s in config.sources if config.trained[0] in s.policies)
-    return max(1, samples // group)
+def sync_round_tasks(config: RunConfig) -> int | None:
+    """Tasks per sync round, decided once for the dataflow and every trainer (None: async).
+
+    ``sync_round_tasks`` when set, else the first trained policy's batch size in groups."""
+    if config.mode != "sync":
+        return None
+    if config.sync_round_tasks is not None:
+        return config.sync_round_tasks
+    first = config.trained[0]
+    samples = config.policies[first].trainer.batch.max_samples
+    return max(1, samples // _group_size(config, first))
 
 
-def _plugin(spec: Any) -> Any:
-    return spec.model_dump() if isinstance(spec, PluginSpec) else spec
+def _group_size(config: RunConfig, policy: str) -> int:
+    """The largest group size of the sources that produce samples of ``policy``."""
+    return max((s.group_size for s in config.sources if policy in s.policies), default=1)
 
 
 def _trainer_config(
@@ -190,26 +201,25 @@ def _trainer_config(
     weights_root: Path,
     dataflow: DataflowConfig,
     base_dir: Path | None,
+    rounds: int | None,
 ) -> TrainerConfig:
     section = config.policies[name]
     data: dict[str, Any] = dict(section.trainer)
     data.update(
         policy=name,
         trainer_id=f"trainer-{name}",
-        model=section.model.model_dump(),
+        model=section.model,
         dataflow_url=f"http://{dataflow.host}:{dataflow.port}",
         weights=str(weights_root),
-        weights_options=dict(config.weights),
+        weights_options=config.weights,
         run_dir=str(run_dir / "trainers" / name),
         seed=config.seed,
     )
-    if config.mode == "sync":
-        samples = (config.sync_round_tasks or _round_tasks(config)) * max(
-            s.group_size for s in config.sources if name in s.policies
+    if rounds is not None:  # one round is one batch: the dataflow serves what it holds
+        samples = rounds * _group_size(config, name)
+        data["batch"] = section.trainer.batch.model_copy(
+            update={"min_samples": 1, "max_samples": samples}
         )
-        batch = dict(data.get("batch", {}))
-        batch.update(min_samples=1, max_samples=max(samples, batch.get("max_samples", 1)))
-        data["batch"] = batch
     if section.warmup is not None:
         data["warmup"] = _warmup(section.warmup, run_dir / f"warmup-{name}.jsonl", base_dir)
     return validate(TrainerConfig, data, source=f"policies.{name}.trainer")

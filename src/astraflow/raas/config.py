@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from astraflow.config import ConfigModel
 from astraflow.models import ModelSpec
+from astraflow.plugins import ENGINE_SPEC, TOOL_SPEC, WORKFLOW_SPEC, NamedSpecs, PluginSpec
 from astraflow.records import NAME_PATTERN
 
-__all__ = ["NodeConfig", "PolicyConfig", "default_node_id"]
+__all__ = [
+    "NodeConfig",
+    "NodeSettings",
+    "PolicyConfig",
+    "default_node_id",
+]
 
 
 def default_node_id() -> str:
@@ -22,51 +29,38 @@ def default_node_id() -> str:
 
 
 class PolicyConfig(ConfigModel):
-    """One policy hosted by the node: its model, its engine, how fresh its weights stay."""
+    """One policy hosted by the node: its model, its engine, how eagerly its weights follow."""
 
     model: ModelSpec | None = None
     """The policy's own model; default: built from the weight store's assets and weights."""
-    engine: dict[str, Any] = Field(default_factory=lambda: {"type": "transformers"})
+    engine: Annotated[PluginSpec, ENGINE_SPEC] = Field(
+        default_factory=lambda: PluginSpec(type="transformers")
+    )
     """Engine spec: ``type`` (transformers, vllm, sglang, openai or module:Class) + options."""
     frozen: bool = False
     """Never refresh from the weight store (judges, tools); implied by the openai engine."""
-    refresh: Literal["eager", "budget"] = "eager"
-    """'eager': pull as soon as a newer version is announced; 'budget': only when over it."""
-    staleness_budget: int = Field(default=1, ge=0)
-    """Versions the weights may lag the latest before the node stops leasing to refresh."""
+    refresh: Literal["eager", "lazy"] = "eager"
+    """'eager': pull as soon as a newer version is announced; 'lazy': only when the dataflow
+    asks for it (a lease refused for staleness: the dataflow's ``max_staleness`` is the one
+    staleness bound)."""
 
-    @field_validator("engine")
+    @field_validator("engine", mode="before")
     @classmethod
-    def _engine_type(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if not isinstance(v.get("type", "transformers"), str):
-            raise ValueError("engine.type must be a name or 'package.module:Class'")
-        return {"type": "transformers", **v}
+    def _engine_type(cls, v: Any) -> Any:
+        if isinstance(v, Mapping) and "type" not in v:
+            return {"type": "transformers", **v}
+        return PluginSpec.coerce(v) if isinstance(v, str) else v
 
     @property
     def is_frozen(self) -> bool:
         """True when the weights never change (frozen, or served by an openai endpoint)."""
-        return self.frozen or self.engine.get("type") == "openai"
+        return self.frozen or self.engine.type == "openai"
 
 
-class NodeConfig(ConfigModel):
-    """A rollout node: where the dataflow and weights are, what it hosts and runs."""
+class NodeSettings(ConfigModel):
+    """What a run config sets for every node of a pool: ``NodeConfig`` without what a
+    launcher fills in (URLs, policies, workflows, tools, id, pool, capacity, work_dir, seed)."""
 
-    dataflow_url: str
-    """Base URL of the dataflow service, e.g. http://127.0.0.1:8700."""
-    weights: str
-    """Weight store: an http(s) weight server URL, a local directory, or an fsspec URL."""
-    policies: dict[str, PolicyConfig] = Field(min_length=1)
-    """Hosted policies by name (a node may host several, one engine each)."""
-    workflows: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"rlvr": dict[str, Any]()})
-    """Workflows this node runs, by task workflow name: kwargs (``type`` defaults to the name)."""
-    tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Tools offered to every workflow, by registry name: kwargs (workflows build their own too)."""
-    node_id: str = Field(default_factory=default_node_id, pattern=NAME_PATTERN)
-    """This node's id in leases and reports (default: host-pid)."""
-    pool: str = Field(default="default", pattern=NAME_PATTERN)
-    """Pool label reported with every lease and heartbeat (region, hardware ...)."""
-    capacity: int = Field(default=8, ge=1, le=4096)
-    """Tasks run at once."""
     task_timeout_s: float = Field(default=600.0, gt=0)
     """A workflow running longer is cancelled and its task reported failed."""
     grace_s: float = Field(default=30.0, ge=0)
@@ -82,10 +76,33 @@ class NodeConfig(ConfigModel):
     """Leases are renewed every ``lease_ttl_s * heartbeat_fraction`` seconds."""
     stats_window_s: float = Field(default=60.0, gt=0)
     """Window of the throughput figures reported in heartbeats."""
-    work_dir: str | None = None
-    """Scratch directory (assets, engine files); default: a temporary directory."""
     hardware: str | None = None
     """Hardware label in reports (default: detected, e.g. 'cpu x2' or the GPU name)."""
+
+
+class NodeConfig(NodeSettings):
+    """A rollout node: where the dataflow and weights are, what it hosts and runs."""
+
+    dataflow_url: str
+    """Base URL of the dataflow service, e.g. http://127.0.0.1:8700."""
+    weights: str
+    """Weight store: an http(s) weight server URL, a local directory, or an fsspec URL."""
+    policies: dict[str, PolicyConfig] = Field(min_length=1)
+    """Hosted policies by name (a node may host several, one engine each)."""
+    workflows: Annotated[NamedSpecs, WORKFLOW_SPEC] = Field(
+        default_factory=lambda: {"rlvr": PluginSpec(type="rlvr")}
+    )
+    """Workflows this node runs, by task workflow name: specs (``type`` defaults to the name)."""
+    tools: Annotated[NamedSpecs, TOOL_SPEC] = Field(default_factory=dict)
+    """Tools offered to every workflow, by name: specs (``type`` defaults to the name)."""
+    node_id: str = Field(default_factory=default_node_id, pattern=NAME_PATTERN)
+    """This node's id in leases and reports (default: host-pid)."""
+    pool: str = Field(default="default", pattern=NAME_PATTERN)
+    """Pool label reported with every lease and heartbeat (region, hardware ...)."""
+    capacity: int = Field(default=8, ge=1, le=4096)
+    """Tasks run at once."""
+    work_dir: str | None = None
+    """Scratch directory (assets, engine files); default: a temporary directory."""
     seed: int = 0
     """Seed of workflow and engine RNGs."""
 

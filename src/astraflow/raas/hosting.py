@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from astraflow.errors import AstraflowError, ConfigError
+from astraflow.plugins import PluginSpec
 from astraflow.raas.config import NodeConfig, PolicyConfig
 from astraflow.raas.engines.base import EngineContext, build_engine
 from astraflow.raas.policy import NodePolicy
@@ -100,7 +101,7 @@ async def host_policy(
             return None
     if latest is not None:
         await policy.load(weights, latest)
-    log.info("hosting policy=%s engine=%s version=%d", name, cfg.engine["type"], policy.version)
+    log.info("hosting policy=%s engine=%s version=%d", name, cfg.engine.type, policy.version)
     return policy
 
 
@@ -115,8 +116,7 @@ def build_workflows(config: NodeConfig, policies: Mapping[str, NodePolicy]) -> d
     from astraflow.workflows.registry import WORKFLOWS
 
     out: dict[str, Workflow] = {}
-    for name, kwargs in config.workflows.items():
-        spec = {"type": name, **kwargs}
+    for name, spec in config.workflows.items():
         workflow = WORKFLOWS.build(spec, seed=config.seed)
         missing = sorted(set(workflow.policies) - set(policies))
         if missing:
@@ -128,10 +128,10 @@ def build_workflows(config: NodeConfig, policies: Mapping[str, NodePolicy]) -> d
     return out
 
 
-def build_tools(specs: Mapping[str, Mapping[str, Any]], seed: int) -> dict[str, Tool]:
+def build_tools(specs: Mapping[str, PluginSpec], seed: int) -> dict[str, Tool]:
     """Tools offered to every workflow, by name, from ``workflows.tools.TOOLS``."""
     if not specs:
         return {}
     from astraflow.workflows.tools import TOOLS
 
-    return {name: TOOLS.build({"type": name, **dict(kw)}, seed=seed) for name, kw in specs.items()}
+    return {name: TOOLS.build(spec, seed=seed) for name, spec in specs.items()}

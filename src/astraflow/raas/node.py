@@ -4,7 +4,7 @@ Three loops and one asyncio task per leased task share one event loop; every fai
 caught at its loop or task boundary, so nothing a workflow, the network or a server does
 can crash the node.
 
-    lease loop ─ free slots (coalesced for lease_wait_s) ─ within staleness budget? ─┐
+    lease loop ─ free slots (coalesced for lease_wait_s) ─ refreshes asked for done? ───┐
         ▲  no task: wait retry_after_s                       dataflow.lease ◄──────┘
         │                                                          │ tasks
         └──── slot freed ◄── runner per task (raas.runner) ◄───────┘
@@ -239,14 +239,13 @@ class RolloutNode:
         return cfg.capacity - len(self._running)
 
     async def _fresh_enough(self) -> bool:
-        """Refresh policies over their staleness budget (or named by the dataflow) first."""
+        """Refresh the policies the dataflow named (its admission owns the staleness rule)."""
         for name, policy in self.policies.items():
             latest = self._latest.get(name, -1)
-            budget = self.config.policies[name].staleness_budget
             if policy.frozen or latest < 0:
                 self._must_refresh.discard(name)
                 continue
-            if name in self._must_refresh or latest - policy.version > budget:
+            if name in self._must_refresh:
                 try:
                     if await policy.refresh(self._weights, latest):
                         self.meter.refreshes += 1

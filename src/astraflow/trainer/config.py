@@ -8,13 +8,14 @@ torch optimizer, ``batch`` → take + micro-batching, ``checkpoint`` → checkpo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from astraflow.config import ConfigModel
 from astraflow.models import ModelSpec
 from astraflow.records import Name
+from astraflow.weights.config import WeightStoreConfig
 
 __all__ = [
     "BatchConfig",
@@ -24,6 +25,7 @@ __all__ = [
     "OptimizerConfig",
     "SchedulerConfig",
     "TrainerConfig",
+    "TrainerSettings",
     "WarmupConfig",
 ]
 
@@ -149,23 +151,12 @@ class MetricsConfig(ConfigModel):
     """Also log to this Weights & Biases project (needs wandb; credentials from its env)."""
 
 
-class TrainerConfig(ConfigModel):
-    """One trainer: one policy, one dataflow, one weight store."""
+class TrainerSettings(ConfigModel):
+    """What a run config sets for a trainer: ``TrainerConfig`` without what a launcher fills in
+    (policy, ids, model, URLs, weight store, run_dir, seed, warm-up pairs)."""
 
-    policy: Name
-    """The policy this trainer trains (batches are taken and versions published for it)."""
-    trainer_id: Name = "trainer"
-    """Name this trainer reports to the dataflow (reports, batch leases)."""
-    model: ModelSpec
-    """The model to train (pretrained or built from a config); trained in fp32 master weights."""
-    dataflow_url: str = "http://127.0.0.1:8600"
-    """Base URL of the dataflow service (token from ASTRAFLOW_TRAINER_TOKEN)."""
     dataflow_timeout_s: float = Field(default=30.0, gt=0)
     """Timeout of one dataflow request (take_batch adds its long-poll time)."""
-    weights: str
-    """Weight store root: a directory or an fsspec URL."""
-    weights_options: dict[str, Any] = Field(default_factory=dict)
-    """Options of the weight store (``WeightStoreConfig`` fields, validated by it)."""
     loss: LossConfig = Field(default_factory=LossConfig)
     """Loss and its knobs."""
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
@@ -184,16 +175,33 @@ class TrainerConfig(ConfigModel):
     """Device to train on ('auto': CUDA when available)."""
     bf16: bool = True
     """Compute in bf16 on GPU (autocast locally, FSDP2 mixed precision); CPU stays fp32."""
+    max_steps: int | None = Field(default=None, ge=0)
+    """Stop once this version is published (None: run until stopped)."""
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    """Extra metric sinks."""
+
+
+class TrainerConfig(TrainerSettings):
+    """One trainer: one policy, one dataflow, one weight store."""
+
+    policy: Name
+    """The policy this trainer trains (batches are taken and versions published for it)."""
+    trainer_id: Name = "trainer"
+    """Name this trainer reports to the dataflow (reports, batch leases)."""
+    model: ModelSpec
+    """The model to train (pretrained or built from a config); trained in fp32 master weights."""
+    dataflow_url: str = "http://127.0.0.1:8600"
+    """Base URL of the dataflow service (token from ASTRAFLOW_TRAINER_TOKEN)."""
+    weights: str
+    """Weight store root: a directory or an fsspec URL."""
+    weights_options: WeightStoreConfig = Field(default_factory=WeightStoreConfig)
+    """How the weight store writes and keeps versions."""
     run_dir: str = "runs/trainer"
     """Directory for metrics, the resolved config and (by default) checkpoints."""
     seed: int = 0
     """Seed of torch / python / numpy RNGs in the trainer process (rank added)."""
-    max_steps: int | None = Field(default=None, ge=0)
-    """Stop once this version is published (None: run until stopped)."""
     warmup: WarmupConfig | None = None
     """SFT warm-up before version 0 (only on a fresh start)."""
-    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    """Extra metric sinks."""
 
     @property
     def checkpoint_dir(self) -> Path:

@@ -83,11 +83,11 @@ class WeightSink(Protocol):
 def connect(config: TrainerConfig) -> tuple[BatchSource, WeightSink]:
     """The real dataflow client and weight store named by ``config`` (rank 0 only)."""
     from astraflow.dataflow.client import DataflowClient
-    from astraflow.weights import WeightStore, WeightStoreConfig
+    from astraflow.weights import WeightStore
 
     token = os.environ.get("ASTRAFLOW_TRAINER_TOKEN")
     client = DataflowClient(config.dataflow_url, token=token, timeout_s=config.dataflow_timeout_s)
-    store = WeightStore(config.weights, config=WeightStoreConfig(**config.weights_options))
+    store = WeightStore(config.weights, config=config.weights_options)
     return client, store
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+import numpy as np
 import pydantic
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +34,7 @@ __all__ = [
     "TensorEntry",
     "WeightManifest",
     "check_policy",
+    "dtype_itemsize",
     "file_checksum",
     "manifest_ref",
     "merged_dir",
@@ -46,6 +48,19 @@ FULL_FILE = "full.safetensors"
 DELTA_FILE = "delta.bin"
 _POLICY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _RESERVED = frozenset({"files", "health"})  # route names of the weight server
+#: Bytes per element of the torch dtypes numpy does not know by name.
+_ITEMSIZES = {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def dtype_itemsize(name: str) -> int:
+    """Bytes per element of the tensor dtype ``name`` (a manifest's ``dtype``), without torch."""
+    size = _ITEMSIZES.get(name)
+    if size is not None:
+        return size
+    try:
+        return int(np.dtype(name).itemsize)
+    except TypeError:
+        raise ValidationError(f"unknown tensor dtype {name!r}", field="dtype") from None
 
 
 def check_policy(policy: str) -> str:

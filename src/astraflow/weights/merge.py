@@ -12,23 +12,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-import torch
-
 from astraflow.errors import ChecksumError, NotFoundError, ValidationError
 from astraflow.weights import delta as codec
+from astraflow.weights.files import StoreFiles
 from astraflow.weights.manifest import (
     DELTA_FILE,
     MANIFEST_FILE,
     FileEntry,
     TensorEntry,
     WeightManifest,
+    dtype_itemsize,
     file_checksum,
     merged_dir,
     version_checksum,
     version_dir,
 )
-from astraflow.weights.store import StoreFiles
-from astraflow.weights.tensors import torch_dtype
 
 __all__ = ["compose_chain", "delta_chain", "merge"]
 
@@ -78,7 +76,7 @@ def compose_chain(
                 entry.encoding,
                 view[entry.offset : entry.offset + entry.length],
                 entry.numel,
-                _itemsize(entry),
+                dtype_itemsize(entry.dtype),
             )
             prev = out.get(entry.name)
             out[entry.name] = change if prev is None else codec.compose(prev, change)
@@ -131,7 +129,3 @@ def _verified_delta(files: StoreFiles, manifest: WeightManifest) -> bytes:
     if file_checksum(data) != manifest.file(DELTA_FILE).checksum:
         raise ChecksumError(f"{files.url}/{rel}: checksum mismatch (corrupt file in the store)")
     return data
-
-
-def _itemsize(entry: TensorEntry) -> int:
-    return torch.empty((), dtype=torch_dtype(entry.dtype)).element_size()

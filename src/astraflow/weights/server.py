@@ -28,9 +28,9 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 
 from astraflow.errors import AstraflowError, NotFoundError, ValidationError
+from astraflow.weights.files import StoreFiles
 from astraflow.weights.manifest import check_policy
 from astraflow.weights.merge import merge
-from astraflow.weights.store import StoreFiles
 
 __all__ = ["serve_in_thread", "standalone_app", "weights_app"]
 

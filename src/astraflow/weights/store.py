@@ -26,16 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import fsspec
 import safetensors.torch
 import torch
 import xxhash
-from fsspec.implementations.local import LocalFileSystem
-from pydantic import Field
 
-from astraflow.config import ConfigModel
 from astraflow.errors import ConflictError, NotFoundError, ValidationError
 from astraflow.weights import delta as codec
+from astraflow.weights.config import WeightStoreConfig
+from astraflow.weights.files import StoreFiles
 from astraflow.weights.manifest import (
     DELTA_FILE,
     FULL_FILE,
@@ -60,88 +58,11 @@ logger = logging.getLogger(__name__)
 Tensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
 
-class WeightStoreConfig(ConfigModel):
-    """How the store writes and keeps versions."""
-
-    full_every: int = Field(default=10, ge=1)
-    """Write a full snapshot every this many versions (bounds the delta chain length)."""
-    keep: int = Field(default=20, ge=1)
-    """Keep at least the newest this many versions (plus what their chains need)."""
-    zstd_level: int = Field(default=1, ge=1, le=22)
-    """zstd level of delta blobs (1 is fastest; higher gains little on deltas)."""
-    max_pending: int = Field(default=2, ge=1)
-    """Publishes queued at once; a further publish() waits (each holds a host copy)."""
-
-
 @dataclass
 class _Previous:
     version: int
     tensors: dict[str, torch.Tensor]
     signature: tuple[tuple[str, str, tuple[int, ...]], ...]
-
-
-class StoreFiles:
-    """Reads and atomic writes under a store root (local directory or fsspec URL)."""
-
-    def __init__(self, root: str | Path, *, create: bool = True) -> None:
-        self.url = str(root)
-        self.fs, self.base = fsspec.core.url_to_fs(self.url)
-        self.local = isinstance(self.fs, LocalFileSystem)
-        if self.local and create:
-            self.fs.makedirs(self.base, exist_ok=True)
-
-    def path(self, rel: str) -> str:
-        """The absolute path (for fsspec) of ``rel``."""
-        return f"{self.base.rstrip('/')}/{rel}"
-
-    def write(self, rel: str, data: bytes | memoryview) -> None:
-        """Write a file whole, atomically (temp + rename where renames exist)."""
-        target = self.path(rel)
-        self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-        if not self.local:
-            self.fs.pipe_file(target, bytes(data))
-            return
-        tmp = f"{target}.tmp-{threading.get_ident()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        Path(tmp).replace(target)
-
-    def read(self, rel: str) -> bytes:
-        """Read a whole file; ``NotFoundError`` names it when absent."""
-        try:
-            data: bytes = self.fs.cat_file(self.path(rel))
-        except FileNotFoundError:
-            raise NotFoundError(f"{self.url}: no file {rel}") from None
-        return data
-
-    def exists(self, rel: str) -> bool:
-        """Whether ``rel`` exists."""
-        return bool(self.fs.exists(self.path(rel)))
-
-    def versions(self, policy: str) -> list[int]:
-        """Versions of ``policy`` whose manifest exists, ascending."""
-        pattern = self.path(f"{check_policy(policy)}/v*/{MANIFEST_FILE}")
-        found = []
-        for path in self.fs.glob(pattern):
-            name = str(path).rstrip("/").split("/")[-2]
-            if name[1:].isdigit():
-                found.append(int(name[1:]))
-        return sorted(found)
-
-    def manifest(self, policy: str, version: int) -> WeightManifest:
-        """Read and check the manifest of a version."""
-        ref = manifest_ref(policy, version)
-        try:
-            data = self.read(ref)
-        except NotFoundError:
-            raise NotFoundError(f"{self.url}: policy {policy!r} has no version {version}") from None
-        return WeightManifest.from_json(data, where=f"{self.url}/{ref}")
-
-    def remove(self, rel: str) -> None:
-        """Remove a file or directory tree if present."""
-        path = self.path(rel)
-        if self.fs.exists(path):
-            self.fs.rm(path, recursive=True)
 
 
 class WeightStore:

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import httpx
 
 from astraflow.errors import NotFoundError, TransferError, TransferTimeoutError
+from astraflow.weights.files import StoreFiles
 from astraflow.weights.manifest import WeightManifest, check_policy
-from astraflow.weights.store import StoreFiles
 
 __all__ = ["FsSource", "HttpSource", "Source", "TransferOptions", "open_source"]
 

@@ -27,15 +27,15 @@ import dataclasses
 import math
 import random
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
 from astraflow.config import ConfigModel
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import WORKFLOW_SPEC, PluginSpec
 from astraflow.records import Name, Sample, Task
 from astraflow.workflows.api import Generation, PolicyHandle, Prompt, SamplingParams, Tool
-from astraflow.workflows.registry import WORKFLOWS
+from astraflow.workflows.registry import POLICY_ROLE, WORKFLOWS
 
 __all__ = ["LengthDistribution", "LongTail", "LongTailConfig"]
 
@@ -73,11 +73,13 @@ class LengthDistribution(ConfigModel):
 class LongTailConfig(ConfigModel):
     """Config of ``long_tail``."""
 
-    workflow: PluginSpec = Field(default_factory=lambda: PluginSpec(type="rlvr"))
+    workflow: Annotated[PluginSpec, WORKFLOW_SPEC] = Field(
+        default_factory=lambda: PluginSpec(type="rlvr")
+    )
     """The wrapped workflow (``{type: rlvr, ...}``, ``{type: solver_verifier, ...}``)."""
     lengths: LengthDistribution = Field(default_factory=LengthDistribution)
     """Distribution of the response lengths."""
-    policies: list[Name] | None = None
+    policies: Annotated[list[Name] | None, POLICY_ROLE] = None
     """Policies whose generations get drawn lengths (default: every policy it calls)."""
     answer_end: str = Field(default=" ", min_length=1)
     """The answer is the text before the first occurrence of this; the rest is filler."""

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
-from astraflow.records import Name, Sample, Task
+from astraflow.records import Sample, Task
 from astraflow.workflows.api import PolicyHandle, SamplingParams, Tool, Trajectory, encode_prompt
 from astraflow.workflows.prompts import (
     add_user_turn,
@@ -42,7 +42,7 @@ from astraflow.workflows.prompts import (
     parse_verdict,
     question_text,
 )
-from astraflow.workflows.registry import WORKFLOWS, PromptConfig, RewardField
+from astraflow.workflows.registry import WORKFLOWS, PolicyName, PromptConfig, RewardField
 from astraflow.workflows.rewards import RewardResolver
 
 __all__ = ["SolverSelector", "SolverVerifier", "role_group_ids"]
@@ -59,7 +59,7 @@ RETRY_TEXT = "\nA verifier judged this answer wrong. Try again.\n"
 
 
 class _TwoRoleConfig(ConfigModel):
-    solver: Name = "solver"
+    solver: PolicyName = "solver"
     """Policy that answers the task."""
     solver_sampling: SamplingParams = Field(default_factory=SamplingParams)
     """Sampling of solver answers."""
@@ -125,7 +125,7 @@ class _TwoRole:
 class SolverVerifierConfig(_TwoRoleConfig):
     """Config of ``solver_verifier``."""
 
-    verifier: Name = "verifier"
+    verifier: PolicyName = "verifier"
     """Policy that judges solver answers."""
     verifier_sampling: SamplingParams = Field(
         default_factory=lambda: SamplingParams(max_new_tokens=8)
@@ -223,7 +223,7 @@ class SolverVerifier(_TwoRole):
 class SolverSelectorConfig(_TwoRoleConfig):
     """Config of ``solver_selector``."""
 
-    selector: Name = "selector"
+    selector: PolicyName = "selector"
     """Policy that picks one of the solver's candidates."""
     selector_sampling: SamplingParams = Field(
         default_factory=lambda: SamplingParams(max_new_tokens=8)

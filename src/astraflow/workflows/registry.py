@@ -15,14 +15,24 @@ the workflow that runs it (``task.workflow``). Built-ins register on first looku
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 
 from astraflow.config import ConfigModel
-from astraflow.plugins import PluginSpec, Registry
+from astraflow.plugins import REWARD_SPEC, PluginSpec, Registry
 from astraflow.records import Name
 from astraflow.workflows.api import SamplingParams, Workflow
 
-__all__ = ["WORKFLOWS", "PromptConfig", "RewardField", "SingleRoleConfig"]
+__all__ = [
+    "POLICY_ROLE",
+    "WORKFLOWS",
+    "PolicyName",
+    "PolicyRole",
+    "PromptConfig",
+    "RewardField",
+    "SingleRoleConfig",
+]
 
 WORKFLOWS: Registry[Workflow] = Registry(
     "workflow",
@@ -36,8 +46,21 @@ WORKFLOWS: Registry[Workflow] = Registry(
     ),
 )
 
-RewardField = str | PluginSpec | None
+RewardField = Annotated[str | PluginSpec | None, REWARD_SPEC]
 """A reward by registry name or spec; None: use the name in each task's ``payload['reward']``."""
+
+
+class PolicyRole:
+    """Field metadata: the field names a policy the workflow calls (a name or a list).
+
+    A run config is checked against it: every policy a workflow's config names (its
+    defaults included) must be one the run trains or serves.
+    """
+
+
+POLICY_ROLE = PolicyRole()
+PolicyName = Annotated[Name, POLICY_ROLE]
+"""A workflow config field naming a policy (``solver: PolicyName = "solver"``)."""
 
 
 class PromptConfig(ConfigModel):
@@ -54,7 +77,7 @@ class PromptConfig(ConfigModel):
 class SingleRoleConfig(ConfigModel):
     """Config shared by single-policy workflows."""
 
-    policy: Name = "policy"
+    policy: PolicyName = "policy"
     """Name of the policy that generates (and is trained)."""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     """Sampling of every generation."""

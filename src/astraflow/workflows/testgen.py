@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pydantic import Field
 
 from astraflow.config import ConfigModel
-from astraflow.records import Name, Sample, Task
+from astraflow.records import Sample, Task
 from astraflow.workflows.api import (
     Generation,
     PolicyHandle,
@@ -45,7 +45,7 @@ from astraflow.workflows.code import (
 )
 from astraflow.workflows.multi_policy import role_group_ids
 from astraflow.workflows.prompts import build_prompt, fill, get_policy
-from astraflow.workflows.registry import WORKFLOWS, PromptConfig
+from astraflow.workflows.registry import WORKFLOWS, PolicyName, PromptConfig
 from astraflow.workflows.sandbox import Sandbox, SandboxConfig
 
 __all__ = ["SolverTestgen"]
@@ -59,9 +59,9 @@ TESTGEN_TEMPLATE = (
 class SolverTestgenConfig(ConfigModel):
     """Config of ``solver_testgen``."""
 
-    solver: Name = "solver"
+    solver: PolicyName = "solver"
     """Policy that writes the solution."""
-    testgen: Name = "testgen"
+    testgen: PolicyName = "testgen"
     """Policy that writes tests."""
     solver_sampling: SamplingParams = Field(
         default_factory=lambda: SamplingParams(max_new_tokens=384)

@@ -19,10 +19,11 @@ import asyncio
 import random
 import time
 from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 from pydantic import Field
 
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import TOOL_SPEC, PluginSpec
 from astraflow.records import Sample, Task
 from astraflow.workflows.api import PolicyHandle, SamplingParams, Tool, Trajectory
 from astraflow.workflows.prompts import build_prompt, get_policy
@@ -48,7 +49,9 @@ _DEFAULT_TOOLS: tuple[str | PluginSpec, ...] = ("calculator", "search")
 class ToolCallingConfig(SingleRoleConfig):
     """Config of ``tool_calling``."""
 
-    tools: list[str | PluginSpec] = Field(default_factory=lambda: list(_DEFAULT_TOOLS))
+    tools: Annotated[list[str | PluginSpec], TOOL_SPEC] = Field(
+        default_factory=lambda: list(_DEFAULT_TOOLS)
+    )
     """Tools offered (``TOOLS`` registry names or specs)."""
     max_turns: int = Field(default=4, ge=1, le=64)
     """Most generations per episode (tool calls + final answer)."""

@@ -29,18 +29,19 @@ def test_node_config_names_every_problem() -> None:
         validate(NodeConfig, {**BASE, "policies": {}}, source="node.yaml")
     with pytest.raises(ConfigError, match="not a valid name"):
         validate(NodeConfig, {**BASE, "policies": {"bad name": {}}}, source="node.yaml")
-    with pytest.raises(ConfigError, match=r"policies\.p\.staleness_budget"):
-        validate(NodeConfig, {**BASE, "policies": {"p": {"staleness_budget": -1}}}, source="x")
+    with pytest.raises(ConfigError, match=r"policies\.p\.refresh"):
+        validate(NodeConfig, {**BASE, "policies": {"p": {"refresh": "budget"}}}, source="x")
     config = validate(NodeConfig, BASE, source="node.yaml")
-    assert config.policies["p"].engine == {"type": "transformers"}
-    assert config.workflows == {"rlvr": {}} and config.node_id
+    assert config.policies["p"].engine.model_dump() == {"type": "transformers"}
+    assert {k: v.model_dump() for k, v in config.workflows.items()} == {"rlvr": {"type": "rlvr"}}
+    assert config.node_id
 
 
 def test_flags_override_the_file_and_set_overrides_flags(tmp_path: Path) -> None:
     file = tmp_path / "node.yaml"
     file.write_text(
         "dataflow_url: http://file:1\nweights: /file\ncapacity: 2\npool: file-pool\n"
-        "policies: {solver: {staleness_budget: 3}}\nworkflows: {rlvr: {sampling: {top_k: 4}}}\n"
+        "policies: {solver: {refresh: lazy}}\nworkflows: {rlvr: {sampling: {top_k: 4}}}\n"
     )
     args = build_parser().parse_args(
         [
@@ -69,11 +70,11 @@ def test_flags_override_the_file_and_set_overrides_flags(tmp_path: Path) -> None
     assert config.dataflow_url == "http://flag:2" and config.weights == "/file"
     assert config.capacity == 7 and config.pool == "file-pool"
     solver = config.policies["solver"]
-    assert solver.staleness_budget == 3 and solver.engine["type"] == "vllm"
+    assert solver.refresh == "lazy" and solver.engine.type == "vllm"
     assert solver.model is not None and solver.model.gguf_file == "m.gguf"
     assert solver.model.name_or_path == "/models"
     assert config.policies["judge"].is_frozen
-    assert config.workflows == {"rlvr": {"sampling": {"top_k": 4}}}
+    assert config.workflows["rlvr"].model_dump() == {"type": "rlvr", "sampling": {"top_k": 4}}
 
 
 def test_raas_help_does_not_import_torch() -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from astraflow.plugins import Registry, validate_config
+from astraflow.plugins import PluginSpec, Registry, validate_config
 from astraflow.workflows.api import FinishReason, SamplingParams
 
 if TYPE_CHECKING:
@@ -170,12 +170,13 @@ ENGINES: Registry[Engine] = Registry(
 """Engines by ``type``: transformers (default), vllm, sglang, openai, or ``module:Class``."""
 
 
-def build_engine(spec: Mapping[str, Any], context: EngineContext) -> Engine:
+def build_engine(spec: PluginSpec | Mapping[str, Any], context: EngineContext) -> Engine:
     """Build the engine ``spec`` names (``{"type": ..., **its Config}``) for one policy."""
-    kwargs = dict(spec)
-    type_name = str(kwargs.pop("type", "transformers"))
+    if not isinstance(spec, PluginSpec):
+        spec = PluginSpec.coerce({"type": "transformers", **spec})
+    type_name = spec.type
     cls = ENGINES.resolve(type_name)
-    config = validate_config(cls, kwargs, f"engine {type_name!r}")
+    config = validate_config(cls, spec.kwargs, f"engine {type_name!r}")
     engine = cls(config, context)
     if not isinstance(engine, Engine):
         from astraflow.errors import PluginError

@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable, Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from astraflow.config import ConfigModel
 from astraflow.errors import ConfigError
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import GENERATOR_SPEC, PluginSpec
 from astraflow.workflows.prompts import fill
 from astraflow.workflows.tasks import GENERATORS
 
@@ -252,7 +252,9 @@ def noisy_sft_pairs(generator: Any, correct_prob: float, seed: int = 0) -> Itera
 class NoisySFTConfig(ConfigModel):
     """Config of ``noisy_sft``."""
 
-    task: PluginSpec = Field(default_factory=lambda: PluginSpec(type="add1"))
+    task: Annotated[PluginSpec, GENERATOR_SPEC] = Field(
+        default_factory=lambda: PluginSpec(type="add1")
+    )
     """The synthetic generator whose rows are labelled."""
     correct_prob: float = Field(default=0.3, ge=0.0, le=1.0)
     """Probability that a label is the right answer (feasibility §3: 0.3)."""
@@ -283,7 +285,9 @@ class NoisySFT:
 class VerifyConfig(ConfigModel):
     """Config of ``verify``."""
 
-    task: PluginSpec = Field(default_factory=lambda: PluginSpec(type="add1"))
+    task: Annotated[PluginSpec, GENERATOR_SPEC] = Field(
+        default_factory=lambda: PluginSpec(type="add1")
+    )
     """The synthetic generator whose answers are judged (its split and size apply)."""
     template: str = "{question}{answer}?"
     """Judging prompt, fields {question} and {answer}: the same as the verifier's template."""

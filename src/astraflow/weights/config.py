@@ -1,0 +1,22 @@
+"""``WeightStoreConfig``: how a weight store writes and keeps versions (no torch here)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from astraflow.config import ConfigModel
+
+__all__ = ["WeightStoreConfig"]
+
+
+class WeightStoreConfig(ConfigModel):
+    """How the store writes and keeps versions."""
+
+    full_every: int = Field(default=10, ge=1)
+    """Write a full snapshot every this many versions (bounds the delta chain length)."""
+    keep: int = Field(default=20, ge=1)
+    """Keep at least the newest this many versions (plus what their chains need)."""
+    zstd_level: int = Field(default=1, ge=1, le=22)
+    """zstd level of delta blobs (1 is fastest; higher gains little on deltas)."""
+    max_pending: int = Field(default=2, ge=1)
+    """Publishes queued at once; a further publish() waits (each holds a host copy)."""
