@@ -17,7 +17,7 @@ import importlib
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar, cast
 
 import pydantic
 from pydantic import BaseModel, BeforeValidator, ConfigDict
@@ -124,9 +124,14 @@ def plugin_rng(seed: int, point: str, name: str) -> random.Random:
 
 
 class Registry(Generic[T]):
-    """Named implementations of one Protocol; built-ins register on first lookup."""
+    """Named implementations of one Protocol; built-ins register on first lookup.
 
-    def __init__(self, point: str, protocol: type[T], builtin_modules: tuple[str, ...] = ()):
+    Declare it with its protocol as the type argument, ``REG: Registry[Proto] = Registry("p",
+    Proto)``: ``protocol`` is the runtime-checkable Protocol every built part must satisfy
+    (typed ``type``, not ``type[T]``: a Protocol class is not a concrete ``type[T]``).
+    """
+
+    def __init__(self, point: str, protocol: type, builtin_modules: tuple[str, ...] = ()):
         self.point = point
         self.protocol = protocol
         self._builtin_modules = builtin_modules
@@ -150,8 +155,8 @@ class Registry(Generic[T]):
         self._load_builtins()
         return sorted(self._classes)
 
-    def resolve(self, type_name: str) -> type:
-        """The class for a registry name or ``module:Class`` path."""
+    def resolve(self, type_name: str) -> type[T]:
+        """The class for a registry name or ``module:Class`` path (checked when built)."""
         self._load_builtins()
         if ":" in type_name:
             module_name, _, attr = type_name.partition(":")
@@ -164,9 +169,9 @@ class Registry(Generic[T]):
             cls = getattr(module, attr, None)
             if not isinstance(cls, type):
                 raise PluginError(f"{type_name!r} does not name a class in {module_name}")
-            return cls
+            return cast("type[T]", cls)
         try:
-            return self._classes[type_name]
+            return cast("type[T]", self._classes[type_name])
         except KeyError:
             raise PluginError(
                 f"unknown {self.point} {type_name!r}; known: {', '.join(self.names())} "
@@ -174,11 +179,16 @@ class Registry(Generic[T]):
             ) from None
 
     def build(self, spec: PluginSpec | str | Mapping[str, Any], *, seed: int = 0) -> T:
-        """Validate the spec's arguments against the class's ``Config`` and build it."""
+        """Validate the spec's arguments against the class's ``Config`` and build it with its
+        own RNG (``cls(config, rng)``)."""
         spec = PluginSpec.coerce(spec)
+        return self.construct(spec, plugin_rng(seed, self.point, spec.type))
+
+    def construct(self, spec: PluginSpec, context: object) -> T:
+        """Build ``spec`` as ``cls(config, context)``; check it implements the protocol."""
         cls = self.resolve(spec.type)
         config = validate_config(cls, spec.kwargs, f"{self.point} {spec.type!r}")
-        obj = cls(config, plugin_rng(seed, self.point, spec.type))
+        obj = cast("Callable[[BaseModel, object], T]", cls)(config, context)
         if not isinstance(obj, self.protocol):
             raise PluginError(
                 f"{spec.type!r} does not implement {self.protocol.__name__} "

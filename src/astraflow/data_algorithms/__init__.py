@@ -42,7 +42,7 @@ __all__ = [
 # mypy rejects a Protocol as type[T]; Registry only uses it for isinstance checks
 SELECTORS: Registry[TaskSelector] = Registry(
     "selector",
-    TaskSelector,  # type: ignore[type-abstract]  # runtime-checkable Protocol, see above
+    TaskSelector,
     (
         "astraflow.data_algorithms.selectors",
         "astraflow.data_algorithms.curriculum",
@@ -51,11 +51,11 @@ SELECTORS: Registry[TaskSelector] = Registry(
 )
 FILTERS: Registry[TrajectoryFilter] = Registry(
     "filter",
-    TrajectoryFilter,  # type: ignore[type-abstract]  # runtime-checkable Protocol
+    TrajectoryFilter,
     ("astraflow.data_algorithms.filters",),
 )
 SAMPLERS: Registry[BatchSampler] = Registry(
     "sampler",
-    BatchSampler,  # type: ignore[type-abstract]  # runtime-checkable Protocol
+    BatchSampler,
     ("astraflow.data_algorithms.samplers",),
 )

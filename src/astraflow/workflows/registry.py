@@ -36,7 +36,7 @@ __all__ = [
 
 WORKFLOWS: Registry[Workflow] = Registry(
     "workflow",
-    Workflow,  # type: ignore[type-abstract]  # the contract is a Protocol
+    Workflow,
     (
         "astraflow.workflows.rlvr",
         "astraflow.workflows.tool_calling",

@@ -59,7 +59,7 @@ class Reward(Protocol):
 
 REWARDS: Registry[Reward] = Registry(
     "reward",
-    Reward,  # type: ignore[type-abstract]  # the contract is a Protocol
+    Reward,
     ("astraflow.workflows.rewards",),
 )
 

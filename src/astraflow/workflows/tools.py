@@ -31,7 +31,7 @@ __all__ = ["TOOLS", "Calculator", "SearchTool", "ToolCall", "parse_tool_call"]
 
 TOOLS: Registry[Tool] = Registry(
     "tool",
-    Tool,  # type: ignore[type-abstract]  # the contract is a Protocol
+    Tool,
     ("astraflow.workflows.tools",),
 )
 

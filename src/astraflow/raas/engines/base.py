@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from astraflow.plugins import PluginSpec, Registry, validate_config
+from astraflow.plugins import PluginSpec, Registry
 from astraflow.workflows.api import FinishReason, SamplingParams
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ class Engine(Protocol):
 
 ENGINES: Registry[Engine] = Registry(
     "engine",
-    Engine,  # type: ignore[type-abstract]  # a Protocol is the registry's check, not built
+    Engine,
     builtin_modules=("astraflow.raas.engines.builtin",),
 )
 """Engines by ``type``: transformers (default), vllm, sglang, openai, or ``module:Class``."""
@@ -174,15 +174,7 @@ def build_engine(spec: PluginSpec | Mapping[str, Any], context: EngineContext) -
     """Build the engine ``spec`` names (``{"type": ..., **its Config}``) for one policy."""
     if not isinstance(spec, PluginSpec):
         spec = PluginSpec.coerce({"type": "transformers", **spec})
-    type_name = spec.type
-    cls = ENGINES.resolve(type_name)
-    config = validate_config(cls, spec.kwargs, f"engine {type_name!r}")
-    engine = cls(config, context)
-    if not isinstance(engine, Engine):
-        from astraflow.errors import PluginError
-
-        raise PluginError(f"engine {type_name!r} does not implement the Engine protocol")
-    return engine
+    return ENGINES.construct(spec, context)
 
 
 def check_prompt(request: GenerationRequest, vocab_size: int, context_len: int | None) -> int:

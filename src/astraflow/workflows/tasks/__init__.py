@@ -40,7 +40,7 @@ class TaskGenerator(Protocol):
 
 GENERATORS: Registry[TaskGenerator] = Registry(
     "generator",
-    TaskGenerator,  # type: ignore[type-abstract]  # the contract is a Protocol
+    TaskGenerator,
     (
         "astraflow.workflows.tasks.synthetic",
         "astraflow.workflows.tasks.external",
