@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel
@@ -57,11 +58,14 @@ T = TypeVar("T", bound=BaseModel)
 _MAX_BACKOFF_S = 5.0
 
 
-def _json_body(record: BaseModel) -> tuple[bytes, dict[str, str]]:
+Body = tuple[bytes, dict[str, str]]
+
+
+def _json_body(record: BaseModel) -> Body:
     return record.model_dump_json().encode(), {"content-type": JSON_MEDIA_TYPE}
 
 
-def _msgpack_body(record: BaseModel) -> tuple[bytes, dict[str, str]]:
+def _msgpack_body(record: BaseModel) -> Body:
     return pack(record), {"content-type": MSGPACK_MEDIA_TYPE}
 
 
@@ -101,130 +105,200 @@ def _none(resp: httpx.Response) -> None:
     return None
 
 
-def _pool_request(pool: str, nodes: int | None, delta: int | None) -> tuple[bytes, dict[str, str]]:
-    """The body of a pool size request, validated here (``ValidationError`` names the field)."""
-    return _json_body(parse(PoolSizeRequest, {"pool": pool, "nodes": nodes, "delta": delta}))
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class _Try:
+    delay: float
+    """Seconds to wait before sending."""
+    request: dict[str, Any]
+    """``httpx`` request arguments."""
+
+
+@dataclass(frozen=True)
+class _Done(Generic[R]):
+    value: R
+
+
+@dataclass(frozen=True)
+class Endpoint(Generic[R]):
+    """One ``/v1`` route: how a request is sent and its reply decoded."""
+
+    method: str
+    path: str
+    decode: Callable[[httpx.Response], R]
+    encode: Callable[[BaseModel], Body] = _json_body
+
+    def __call__(
+        self, record: BaseModel | None = None, *, timeout_s: float | None = None, once: bool = False
+    ) -> _Call[R]:
+        """One call of this route (``once``: not idempotent, see ``_Base._tries``)."""
+        return _Call(self, record, timeout_s, once)
+
+
+@dataclass(frozen=True)
+class _Call(Generic[R]):
+    endpoint: Endpoint[R]
+    record: BaseModel | None
+    timeout_s: float | None
+    once: bool
+
+
+HEALTH = Endpoint("GET", "/v1/health", _dict)
+LEASE = Endpoint("POST", "/v1/lease", _reply(LeaseReply))
+RENEW = Endpoint("POST", "/v1/renew", _reply(RenewReply))
+SUBMIT = Endpoint("POST", "/v1/submit", _reply(SubmitReply), _msgpack_body)
+FAIL = Endpoint("POST", "/v1/fail", _reply(FailReply))
+RELEASE = Endpoint("POST", "/v1/release", _reply(ReleaseReply))
+TAKE = Endpoint("POST", "/v1/batches/take", _batch)
+ACK = Endpoint("POST", "/v1/batches/ack", _none)
+ANNOUNCE = Endpoint("POST", "/v1/versions", _reply(AnnounceReply))
+VERSIONS = Endpoint("GET", "/v1/versions", _versions)
+REPORT = Endpoint("GET", "/v1/report", _reply(DataflowReport))
+POOL_SIZES = Endpoint("GET", "/v1/admin/pools", _reply(PoolSizes))
+SET_POOL_SIZE = Endpoint("POST", "/v1/admin/pools", _reply(PoolSize))
 
 
 class _Base:
-    def __init__(self, url: str, *, token: str | None, timeout_s: float, retries: int) -> None:
+    """What both clients share: the endpoint table above and the retry rules; they differ
+    only in their send loop (blocking or asyncio)."""
+
+    def __init__(
+        self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 5
+    ) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.retries = retries
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self._jitter = random.Random()
+        self._http = self._open()
+
+    def _open(self) -> Any:
+        """The connection pool (blocking or asyncio)."""
+        raise NotImplementedError
 
     def _backoff(self, attempt: int) -> float:
         return min(_MAX_BACKOFF_S, 0.1 * 2.0**attempt) * (0.5 + self._jitter.random())
 
-    def _unknown(self, path: str, last: str) -> ServiceUnavailableError:
-        return ServiceUnavailableError(
-            f"dataflow service at {self.url}: {path} failed after the request was sent, so it "
-            f"may or may not have been applied (not retried: it is not idempotent): {last}"
-        )
+    def _tries(
+        self, call: _Call[R]
+    ) -> Generator[_Try | _Done[R], httpx.Response | httpx.TransportError, None]:
+        """The retry rules of one call, without I/O: yields a ``_Try`` for each try and is sent
+        what the try got (a response or a transport error); yields ``_Done`` with the reply.
 
-    def _give_up(self, path: str, last: str) -> ServiceUnavailableError:
-        return ServiceUnavailableError(
-            f"dataflow service at {self.url} did not answer {path} after "
+        Connection errors and 5xx replies are retried with backoff; a 4xx raises its error.
+        ``once``: not idempotent, so not retried once the request may have been sent.
+        """
+        ep = call.endpoint
+        content, headers = ep.encode(call.record) if call.record is not None else (None, {})
+        request = {
+            "method": ep.method, "url": ep.path, "content": content, "headers": headers,
+            "timeout": call.timeout_s or self.timeout_s,
+        }  # fmt: skip
+        last = ""
+        for attempt in range(self.retries + 1):
+            got = yield _Try(self._backoff(attempt - 1) if attempt else 0.0, request)
+            if isinstance(got, httpx.TransportError):
+                last = f"{type(got).__name__}: {got}"
+                if call.once and not isinstance(got, httpx.ConnectError):
+                    raise ServiceUnavailableError(
+                        f"dataflow service at {self.url}: {ep.path} failed after the request "
+                        f"was sent, so it may or may not have been applied (not retried: it is "
+                        f"not idempotent): {last}"
+                    ) from got
+            elif got.status_code >= 500:
+                last = f"HTTP {got.status_code}: {got.text[:200]}"
+            else:
+                _raise_for(got)
+                yield _Done(ep.decode(got))
+                return
+        raise ServiceUnavailableError(
+            f"dataflow service at {self.url} did not answer {ep.path} after "
             f"{self.retries + 1} tries: {last}"
         )
+
+
+def _pool_request(pool: str, nodes: int | None, delta: int | None) -> PoolSizeRequest:
+    """A pool size request, validated here (``ValidationError`` names the field)."""
+    return parse(PoolSizeRequest, {"pool": pool, "nodes": nodes, "delta": delta})
 
 
 class DataflowClient(_Base):
     """Blocking client of the dataflow service (``/v1``)."""
 
-    def __init__(
-        self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 5
-    ) -> None:
-        super().__init__(url, token=token, timeout_s=timeout_s, retries=retries)
-        self._http = httpx.Client(base_url=self.url, headers=self._headers, timeout=timeout_s)
+    _http: httpx.Client
 
-    def _send(
-        self,
-        method: str,
-        path: str,
-        body: tuple[bytes, dict[str, str]] | None = None,
-        timeout_s: float | None = None,
-        once: bool = False,
-    ) -> httpx.Response:
-        content, headers = body if body is not None else (None, {})
-        last = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self._backoff(attempt - 1))
+    def _open(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self._headers, timeout=self.timeout_s)
+
+    def _call(self, call: _Call[R]) -> R:
+        tries = self._tries(call)
+        step = next(tries)
+        while isinstance(step, _Try):
+            if step.delay:
+                time.sleep(step.delay)
             try:
-                resp = self._http.request(
-                    method, path, content=content, headers=headers,
-                    timeout=timeout_s or self.timeout_s,
-                )  # fmt: skip
+                got: httpx.Response | httpx.TransportError = self._http.request(**step.request)
             except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                if once and not isinstance(exc, httpx.ConnectError):
-                    raise self._unknown(path, last) from exc
-                continue
-            if resp.status_code >= 500:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                continue
-            _raise_for(resp)
-            return resp
-        raise self._give_up(path, last)
+                got = exc
+            step = tries.send(got)
+        return step.value
 
     def health(self) -> dict[str, Any]:
         """Liveness and counts."""
-        return _dict(self._send("GET", "/v1/health"))
+        return self._call(HEALTH())
 
     def lease(self, req: LeaseRequest) -> LeaseReply:
         """Ask for tasks."""
-        return _reply(LeaseReply)(self._send("POST", "/v1/lease", _json_body(req)))
+        return self._call(LEASE(req))
 
     def renew(self, req: RenewRequest) -> RenewReply:
         """Heartbeat: extend leases."""
-        return _reply(RenewReply)(self._send("POST", "/v1/renew", _json_body(req)))
+        return self._call(RENEW(req))
 
     def submit(self, req: SubmitRequest) -> SubmitReply:
         """Submit a task's samples (idempotent on ``(task_id, attempt)``: safe to retry)."""
-        return _reply(SubmitReply)(self._send("POST", "/v1/submit", _msgpack_body(req)))
+        return self._call(SUBMIT(req))
 
     def fail(self, req: FailRequest) -> FailReply:
         """Report a failed task."""
-        return _reply(FailReply)(self._send("POST", "/v1/fail", _json_body(req)))
+        return self._call(FAIL(req))
 
     def release(self, req: ReleaseRequest) -> ReleaseReply:
         """Hand leases back (graceful stop)."""
-        return _reply(ReleaseReply)(self._send("POST", "/v1/release", _json_body(req)))
+        return self._call(RELEASE(req))
 
     def take_batch(self, req: TakeBatchRequest) -> Batch | None:
         """A batch, or None when the long-poll timed out with nothing to train on."""
-        timeout = self.timeout_s + req.timeout_s
-        return _batch(self._send("POST", "/v1/batches/take", _json_body(req), timeout))
+        return self._call(TAKE(req, timeout_s=self.timeout_s + req.timeout_s))
 
     def ack(self, req: AckRequest) -> None:
         """The step on this batch is committed."""
-        _none(self._send("POST", "/v1/batches/ack", _json_body(req)))
+        self._call(ACK(req))
 
     def announce(self, version: PolicyVersion) -> AnnounceReply:
         """Announce a published policy version."""
-        return _reply(AnnounceReply)(self._send("POST", "/v1/versions", _json_body(version)))
+        return self._call(ANNOUNCE(version))
 
     def versions(self) -> dict[str, PolicyVersion]:
         """Latest version per policy."""
-        return _versions(self._send("GET", "/v1/versions"))
+        return self._call(VERSIONS())
 
     def report(self) -> DataflowReport:
         """The pool report."""
-        return _reply(DataflowReport)(self._send("GET", "/v1/report"))
+        return self._call(REPORT())
 
     def pool_sizes(self) -> PoolSizes:
         """Admin: desired, observed and dead-band target node counts per pool."""
-        return _reply(PoolSizes)(self._send("GET", "/v1/admin/pools"))
+        return self._call(POOL_SIZES())
 
     def set_pool_size(
         self, pool: str, nodes: int | None = None, delta: int | None = None
     ) -> PoolSize:
         """Admin: set a pool's desired node count (``nodes``) or change it by ``delta``."""
-        body = _pool_request(pool, nodes, delta)
-        resp = self._send("POST", "/v1/admin/pools", body, once=delta is not None)
-        return _reply(PoolSize)(resp)
+        req = _pool_request(pool, nodes, delta)
+        return self._call(SET_POOL_SIZE(req, once=delta is not None))
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -242,99 +316,80 @@ class DataflowClient(_Base):
 class AsyncDataflowClient(_Base):
     """asyncio client of the dataflow service, with the same methods as ``DataflowClient``."""
 
-    def __init__(
-        self, url: str, *, token: str | None = None, timeout_s: float = 30.0, retries: int = 5
-    ) -> None:
-        super().__init__(url, token=token, timeout_s=timeout_s, retries=retries)
-        self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=timeout_s)
+    _http: httpx.AsyncClient
 
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        body: tuple[bytes, dict[str, str]] | None = None,
-        timeout_s: float | None = None,
-        once: bool = False,
-    ) -> httpx.Response:
-        content, headers = body if body is not None else (None, {})
-        last = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                await asyncio.sleep(self._backoff(attempt - 1))
+    def _open(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=self.timeout_s)
+
+    async def _call(self, call: _Call[R]) -> R:
+        tries = self._tries(call)
+        step = next(tries)
+        while isinstance(step, _Try):
+            if step.delay:
+                await asyncio.sleep(step.delay)
             try:
-                resp = await self._http.request(
-                    method, path, content=content, headers=headers,
-                    timeout=timeout_s or self.timeout_s,
-                )  # fmt: skip
+                got: httpx.Response | httpx.TransportError = await self._http.request(
+                    **step.request
+                )
             except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                if once and not isinstance(exc, httpx.ConnectError):
-                    raise self._unknown(path, last) from exc
-                continue
-            if resp.status_code >= 500:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                continue
-            _raise_for(resp)
-            return resp
-        raise self._give_up(path, last)
+                got = exc
+            step = tries.send(got)
+        return step.value
 
     async def health(self) -> dict[str, Any]:
         """Liveness and counts."""
-        return _dict(await self._send("GET", "/v1/health"))
+        return await self._call(HEALTH())
 
     async def lease(self, req: LeaseRequest) -> LeaseReply:
         """Ask for tasks."""
-        return _reply(LeaseReply)(await self._send("POST", "/v1/lease", _json_body(req)))
+        return await self._call(LEASE(req))
 
     async def renew(self, req: RenewRequest) -> RenewReply:
         """Heartbeat: extend leases."""
-        return _reply(RenewReply)(await self._send("POST", "/v1/renew", _json_body(req)))
+        return await self._call(RENEW(req))
 
     async def submit(self, req: SubmitRequest) -> SubmitReply:
         """Submit a task's samples (idempotent on ``(task_id, attempt)``: safe to retry)."""
-        return _reply(SubmitReply)(await self._send("POST", "/v1/submit", _msgpack_body(req)))
+        return await self._call(SUBMIT(req))
 
     async def fail(self, req: FailRequest) -> FailReply:
         """Report a failed task."""
-        return _reply(FailReply)(await self._send("POST", "/v1/fail", _json_body(req)))
+        return await self._call(FAIL(req))
 
     async def release(self, req: ReleaseRequest) -> ReleaseReply:
         """Hand leases back (graceful stop)."""
-        return _reply(ReleaseReply)(await self._send("POST", "/v1/release", _json_body(req)))
+        return await self._call(RELEASE(req))
 
     async def take_batch(self, req: TakeBatchRequest) -> Batch | None:
         """A batch, or None when the long-poll timed out with nothing to train on."""
-        timeout = self.timeout_s + req.timeout_s
-        return _batch(await self._send("POST", "/v1/batches/take", _json_body(req), timeout))
+        return await self._call(TAKE(req, timeout_s=self.timeout_s + req.timeout_s))
 
     async def ack(self, req: AckRequest) -> None:
         """The step on this batch is committed."""
-        _none(await self._send("POST", "/v1/batches/ack", _json_body(req)))
+        await self._call(ACK(req))
 
     async def announce(self, version: PolicyVersion) -> AnnounceReply:
         """Announce a published policy version."""
-        resp = await self._send("POST", "/v1/versions", _json_body(version))
-        return _reply(AnnounceReply)(resp)
+        return await self._call(ANNOUNCE(version))
 
     async def versions(self) -> dict[str, PolicyVersion]:
         """Latest version per policy."""
-        return _versions(await self._send("GET", "/v1/versions"))
+        return await self._call(VERSIONS())
 
     async def report(self) -> DataflowReport:
         """The pool report."""
-        return _reply(DataflowReport)(await self._send("GET", "/v1/report"))
+        return await self._call(REPORT())
 
     async def pool_sizes(self) -> PoolSizes:
         """Admin: desired, observed and dead-band target node counts per pool."""
-        return _reply(PoolSizes)(await self._send("GET", "/v1/admin/pools"))
+        return await self._call(POOL_SIZES())
 
     async def set_pool_size(
         self, pool: str, nodes: int | None = None, delta: int | None = None
     ) -> PoolSize:
         """Admin: set a pool's desired node count (``nodes``) or change it by ``delta``."""
-        body = _pool_request(pool, nodes, delta)
-        resp = await self._send("POST", "/v1/admin/pools", body, once=delta is not None)
-        return _reply(PoolSize)(resp)
+        req = _pool_request(pool, nodes, delta)
+        return await self._call(SET_POOL_SIZE(req, once=delta is not None))
 
     async def close(self) -> None:
         """Close the connection pool."""
