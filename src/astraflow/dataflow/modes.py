@@ -12,18 +12,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Protocol
 
 from astraflow.data_algorithms.protocols import BatchQuery
 from astraflow.dataflow import regulation
 from astraflow.dataflow.buffers import Buffers
-from astraflow.dataflow.config import DataflowConfig, PolicyConfig, SourceConfig
-from astraflow.dataflow.regulation import LeasePlan
+from astraflow.dataflow.config import DataflowConfig, PolicyConfig
+from astraflow.dataflow.regulation import Held, LeasePlan, Sources, Versions
 from astraflow.dataflow.rounds import SyncRounds
 from astraflow.dataflow.store import BatchRow, Store
 from astraflow.dataflow.tasks import TaskQueue
-from astraflow.records import PolicyVersion, SyncReport
+from astraflow.records import SyncReport
 
 __all__ = ["AsyncRegulator", "Regulator", "make_regulator"]
 
@@ -31,12 +31,7 @@ __all__ = ["AsyncRegulator", "Regulator", "make_regulator"]
 class Regulator(Protocol):
     """What a regulation mode decides for the service (``latest``: announced versions)."""
 
-    def plan(
-        self,
-        sources: Sequence[SourceConfig],
-        held: Mapping[str, int],
-        latest: Mapping[str, PolicyVersion],
-    ) -> LeasePlan:
+    def plan(self, sources: Sources, held: Held, latest: Versions) -> LeasePlan:
         """Policies a node holding ``held`` must refresh, and the tasks each source may start."""
         ...
 
@@ -48,7 +43,7 @@ class Regulator(Protocol):
         """These tasks were just leased (inside the change)."""
         ...
 
-    def blocked(self, latest: Mapping[str, PolicyVersion]) -> str | None:
+    def blocked(self, latest: Versions) -> str | None:
         """Why the mode leases nothing now (None: it may lease)."""
         ...
 
@@ -64,7 +59,7 @@ class Regulator(Protocol):
         """State before a change, for :meth:`more_to_lease` after it."""
         ...
 
-    def step(self, latest: Mapping[str, PolicyVersion], now: float) -> bool:
+    def step(self, latest: Versions, now: float) -> bool:
         """Apply the mode's rules at the end of a change; True when batches became servable."""
         ...
 
@@ -72,7 +67,7 @@ class Regulator(Protocol):
         """Whether a lease left empty at ``before`` may now get a task (wakes held leases)."""
         ...
 
-    def report(self, latest: Mapping[str, PolicyVersion]) -> SyncReport | None:
+    def report(self, latest: Versions) -> SyncReport | None:
         """The mode's state for the report (None: nothing beyond the buffers)."""
         ...
 
@@ -85,12 +80,7 @@ class AsyncRegulator:
     ) -> None:
         self.policies, self.queue, self.buffers = policies, queue, buffers
 
-    def plan(
-        self,
-        sources: Sequence[SourceConfig],
-        held: Mapping[str, int],
-        latest: Mapping[str, PolicyVersion],
-    ) -> LeasePlan:
+    def plan(self, sources: Sources, held: Held, latest: Versions) -> LeasePlan:
         """Admission against ``max_staleness``; backpressure against ``max_buffered``."""
         needed = sorted({p for s in sources for p in s.policies})
         versions = {p: v.version for p, v in latest.items()}
@@ -112,7 +102,7 @@ class AsyncRegulator:
     def leased(self, task_ids: Iterable[str]) -> None:
         """Nothing to record."""
 
-    def blocked(self, latest: Mapping[str, PolicyVersion]) -> str | None:
+    def blocked(self, latest: Versions) -> str | None:
         """Never blocked as a whole (the lease reason names refreshes and full buffers)."""
         return None
 
@@ -127,7 +117,7 @@ class AsyncRegulator:
         """No state decides whether a lease may get a task later."""
         return None
 
-    def step(self, latest: Mapping[str, PolicyVersion], now: float) -> bool:
+    def step(self, latest: Versions, now: float) -> bool:
         """No rule runs at the end of a change."""
         return False
 
@@ -135,7 +125,7 @@ class AsyncRegulator:
         """Leases are never held open in async mode."""
         return False
 
-    def report(self, latest: Mapping[str, PolicyVersion]) -> SyncReport | None:
+    def report(self, latest: Versions) -> SyncReport | None:
         """Nothing beyond the buffers."""
         return None
 
@@ -145,7 +135,7 @@ def make_regulator(
     store: Store,
     queue: TaskQueue,
     buffers: Buffers,
-    latest: Mapping[str, PolicyVersion],
+    latest: Versions,
 ) -> Regulator:
     """The regulator of ``config.regulation.mode`` (sync: resumes the stored round)."""
     reg = config.regulation

@@ -20,11 +20,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from astraflow.dataflow.config import PolicyConfig, RegulationConfig, SourceConfig
-from astraflow.records import NO_VERSION, Sample
+from astraflow.records import NO_VERSION, PolicyVersion, Sample
 
 __all__ = [
+    "Held",
     "LeaseDecision",
     "LeasePlan",
+    "Sources",
+    "Versions",
     "admission",
     "group_behaviour_version",
     "lease_allowance",
@@ -104,6 +107,14 @@ def source_caps(
 def tasks_that_fit(rooms: Iterable[int], group_size: int) -> int:
     """Tasks (each ``group_size`` samples per policy) that fit every policy's room."""
     return min((r // group_size for r in rooms), default=0)
+
+
+Sources = Sequence[SourceConfig]
+"""The task sources that run one of a node's workflows."""
+Held = Mapping[str, int]
+"""Weight version a node holds per policy."""
+Versions = Mapping[str, PolicyVersion]
+"""The latest announced version per policy."""
 
 
 class LeasePlan(NamedTuple):

@@ -27,11 +27,11 @@ from typing import Any
 from astraflow.data_algorithms.protocols import BatchQuery
 from astraflow.dataflow.buffers import Buffers
 from astraflow.dataflow.config import SourceConfig
-from astraflow.dataflow.regulation import LeasePlan, admission
+from astraflow.dataflow.regulation import Held, LeasePlan, Sources, Versions, admission
 from astraflow.dataflow.store import BatchRow, GroupRow, Store
 from astraflow.dataflow.tasks import TaskQueue
 from astraflow.errors import ValidationError
-from astraflow.records import NO_VERSION, PolicyVersion, RoundTiming, SyncReport
+from astraflow.records import NO_VERSION, RoundTiming, SyncReport
 
 __all__ = ["BLOCKED", "HISTORY", "SyncRounds"]
 
@@ -44,7 +44,7 @@ BLOCKED = "sync round "
 _NO_CAP = 1 << 30
 
 
-def _versions(latest: Mapping[str, PolicyVersion]) -> dict[str, int]:
+def _versions(latest: Versions) -> dict[str, int]:
     return {p: v.version for p, v in latest.items()}
 
 
@@ -61,7 +61,7 @@ class SyncRounds:
         buffers: Buffers,
         round_tasks: int,
         policies: Sequence[str],
-        latest: Mapping[str, PolicyVersion],
+        latest: Versions,
     ) -> None:
         self.store, self.queue, self.buffers = store, queue, buffers
         self.round_tasks = round_tasks
@@ -100,7 +100,7 @@ class SyncRounds:
 
     # ------------------------------------------------------------------ transitions
 
-    def step(self, latest: Mapping[str, PolicyVersion], now: float) -> bool:
+    def step(self, latest: Versions, now: float) -> bool:
         """Apply the round rules after a change; True when the round's data just became complete.
 
         Runs inside the caller's transaction (it writes the round state when it changed).
@@ -171,12 +171,7 @@ class SyncRounds:
 
     # ------------------------------------------------------------------ lease side
 
-    def plan(
-        self,
-        sources: Sequence[SourceConfig],
-        held: Mapping[str, int],
-        latest: Mapping[str, PolicyVersion],
-    ) -> LeasePlan:
+    def plan(self, sources: Sources, held: Held, latest: Versions) -> LeasePlan:
         """Admission with staleness 0 against the round's version; the round bounds buffers."""
         required = {p: min(v.version, self.round) for p, v in latest.items()}
         needed = sorted({p for s in sources for p in s.policies})
@@ -208,7 +203,7 @@ class SyncRounds:
         """New tasks the round may still lease."""
         return max(0, self.quota - len(self.tasks))
 
-    def blocked(self, latest: Mapping[str, PolicyVersion]) -> str | None:
+    def blocked(self, latest: Versions) -> str | None:
         """Why the round leases nothing now (None: it may lease)."""
         r, versions = self.round, _versions(latest)
         if self.opened_at is None:
@@ -275,7 +270,7 @@ class SyncRounds:
             closed_at=closed_at,
         )  # fmt: skip
 
-    def report(self, latest: Mapping[str, PolicyVersion]) -> SyncReport:
+    def report(self, latest: Versions) -> SyncReport:
         """The round state for the report."""
         r, versions = self.round, _versions(latest)
         if self.opened_at is None:

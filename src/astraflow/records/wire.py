@@ -1,12 +1,7 @@
-"""The ``/v1`` messages between nodes, trainers and the dataflow, and their codec (no torch).
+"""The ``/v1`` messages between nodes, trainers and the dataflow, and their codec.
 
-Control messages travel as JSON; anything carrying samples travels as msgpack, with token,
-mask, logprob and version arrays packed as little-endian bytes (``pack`` / ``unpack``). Every
-record validates itself on construction, so decoding at a wire edge *is* validation: lengths,
-value ranges and finiteness are checked here once, for every component.
-
-    Task ──lease──► node ──workflow──► Sample* ──submit──► buffer[policy] ──take──► Batch
-                                          (one group per task and policy)
+Arrays (tokens, mask, logprobs, versions) travel in msgpack as little-endian bytes; every
+record checks lengths, ranges and finiteness when it is built (see the package docstring).
 """
 
 from __future__ import annotations
