@@ -118,8 +118,9 @@ class RolloutNode:
             )
         if self._weights is None:
             from astraflow.weights import WeightClient
+            from astraflow.weights.access import client_token
 
-            self._weights = WeightClient(cfg.weights)
+            self._weights = WeightClient(cfg.weights, token=client_token())
         if cfg.work_dir is not None:
             work = Path(cfg.work_dir)
         else:

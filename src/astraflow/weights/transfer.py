@@ -25,7 +25,13 @@ from typing import Any, Protocol
 
 import httpx
 
-from astraflow.errors import NotFoundError, TransferError, TransferTimeoutError
+from astraflow.errors import (
+    AuthError,
+    ForbiddenError,
+    NotFoundError,
+    TransferError,
+    TransferTimeoutError,
+)
 from astraflow.weights.files import StoreFiles
 from astraflow.weights.manifest import WeightManifest, check_policy
 
@@ -83,22 +89,26 @@ class Source(Protocol):
         ...
 
 
-def open_source(source: str | Path, options: TransferOptions) -> Source:
-    """An ``HttpSource`` for http(s) URLs, else an ``FsSource`` (local path or fsspec URL)."""
+def open_source(source: str | Path, options: TransferOptions, token: str | None = None) -> Source:
+    """An ``HttpSource`` for http(s) URLs (sending ``token`` as a bearer token), else an
+    ``FsSource`` (local path or fsspec URL)."""
     text = str(source)
     if text.startswith(("http://", "https://")):
-        return HttpSource(text, options)
+        return HttpSource(text, options, token=token)
     return FsSource(text, options)
 
 
 class HttpSource:
     """A weight server (``astraflow weights serve`` or the app mounted elsewhere)."""
 
-    def __init__(self, url: str, options: TransferOptions) -> None:
+    def __init__(self, url: str, options: TransferOptions, *, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.options = options
         limits = httpx.Limits(max_connections=max(8, 2 * options.streams))
-        self._client = httpx.Client(limits=limits, timeout=self._timeout(options.stall_s))
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._client = httpx.Client(
+            limits=limits, timeout=self._timeout(options.stall_s), headers=headers
+        )
         self._closed = threading.Event()
 
     def _timeout(self, read_s: float) -> httpx.Timeout:
@@ -134,6 +144,7 @@ class HttpSource:
                 continue
             if reply.status_code == 404:
                 raise NotFoundError(f"{self.url}: {what}: not found")
+            _raise_refused(reply, self.url, what)
             if reply.status_code >= 400:
                 exc2 = TransferError(f"HTTP {reply.status_code}: {reply.text[:200]}")
                 if reply.status_code < 500:
@@ -198,6 +209,9 @@ class HttpSource:
     def _check_range_reply(self, reply: httpx.Response, pos: int, hi: int, what: str) -> None:
         if reply.status_code == 404:
             raise NotFoundError(f"{self.url}: {what}: not found")
+        if reply.status_code in (401, 403):
+            reply.read()
+            _raise_refused(reply, self.url, what)
         if reply.status_code >= 500:
             raise _Retryable(f"HTTP {reply.status_code}")
         if reply.status_code != 206:
@@ -229,6 +243,17 @@ class HttpSource:
     def close(self) -> None:
         self._closed.set()
         self._client.close()
+
+
+def _raise_refused(reply: httpx.Response, url: str, what: str) -> None:
+    """401 / 403 from the server: the token is missing, wrong, or of the wrong role."""
+    if reply.status_code not in (401, 403):
+        return
+    cls = AuthError if reply.status_code == 401 else ForbiddenError
+    raise cls(
+        f"pull from {url} refused: {what}: HTTP {reply.status_code} {reply.text[:200]} "
+        "(set ASTRAFLOW_WEIGHTS_READ_TOKEN)"
+    )
 
 
 class _Retryable(Exception):
