@@ -50,9 +50,11 @@ def _serve(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     from astraflow.weights import WeightClient
     from astraflow.weights.access import client_token
+    from astraflow.weights.transfer import TransferOptions
 
     init_logging(args, "weights")
-    with WeightClient(args.source, token=client_token()) as client:
+    options = TransferOptions(token=client_token())
+    with WeightClient(args.source, options=options) as client:
         latest = client.latest(args.policy)
         if latest is None:
             print(f"policy {args.policy}: no versions")
@@ -70,9 +72,11 @@ def _ls(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from astraflow.weights import WeightClient
     from astraflow.weights.access import client_token
+    from astraflow.weights.transfer import TransferOptions
 
     init_logging(args, "weights")
-    with WeightClient(args.source, token=client_token()) as client:
+    options = TransferOptions(token=client_token())
+    with WeightClient(args.source, options=options) as client:
         version = args.version if args.version is not None else client.latest(args.policy)
         tensors = client.load(args.policy, version)
     print(f"policy {args.policy} v{version}: {len(tensors)} tensors verified")

@@ -90,8 +90,8 @@ class WeightClient:
     ``verify_base`` checks, before a delta is applied, that the tensors hold ``have`` (one
     checksum pass; a device tensor is copied to the host for it). ``options`` replaces the
     individual transfer bounds (``timeout_s``: per file; ``stall_s``: without a byte).
-    ``token`` is the weight server's bearer token (callers read it from the environment:
-    ``astraflow.weights.access.client_token()``).
+    ``options.token`` is the weight server's bearer token (callers read it from the
+    environment: ``astraflow.weights.access.client_token()``).
     """
 
     def __init__(
@@ -105,12 +105,11 @@ class WeightClient:
         cache_dir: str | Path | None = None,
         verify_base: bool = True,
         options: TransferOptions | None = None,
-        token: str | None = None,
     ) -> None:
         self.options = options or TransferOptions(
             timeout_s=timeout_s, stall_s=stall_s, streams=streams, retries=retries
         )
-        self.source: Source = open_source(source, self.options, token)
+        self.source: Source = open_source(source, self.options)
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.verify_base = verify_base
         self._lock = threading.Lock()

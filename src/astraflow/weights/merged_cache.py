@@ -4,7 +4,8 @@
 grow it without bound, at most ``entries`` merged deltas and ``max_bytes`` of them are kept
 (``<policy>/merged/vA-vB/``); composing a new one evicts the least recently served. One
 composition per pair at a time (the per-pair locks live only while someone waits on them),
-and at most ``concurrency`` compositions at once.
+and at most ``concurrency`` compositions at once. A node still downloading the files of a
+delta evicted meanwhile gets 404 and pulls again (the chain or a new merge).
 
     request (a, b) ─► pair lock ─► cached? ─ yes ─► touch, read manifest
                                     └ no ─► compose (worker thread, bounded) ─► larger than
@@ -72,10 +73,11 @@ class MergedCache:
                 try:
                     manifest = await asyncio.to_thread(self._read, key)
                 except NotFoundError:  # collected by the trainer's store meanwhile
-                    self._lru.pop(key, None)
-                else:
+                    manifest = None
+                if manifest is not None and key in self._lru:  # not evicted while read
                     self._lru.move_to_end(key)
                     return manifest
+                self._lru.pop(key, None)
             if self.entries == 0:
                 raise NotFoundError("this weight server composes no merged deltas")
             async with self._slots:
@@ -89,7 +91,8 @@ class MergedCache:
                 )
             self._lru[key] = size
             self._lru.move_to_end(key)
-            await asyncio.to_thread(self._remove, self._victims(keep=key))
+            # on the loop, not in a thread: no other request sees an entry half evicted
+            self._remove(self._victims(keep=key))
             return manifest
 
     @asynccontextmanager

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,8 +32,8 @@ from astraflow.errors import (
     TransferError,
     TransferTimeoutError,
 )
-from astraflow.weights.files import StoreFiles
 from astraflow.weights.manifest import WeightManifest, check_policy
+from astraflow.weights.files import StoreFiles
 
 __all__ = ["FsSource", "HttpSource", "Source", "TransferOptions", "open_source"]
 
@@ -61,6 +61,8 @@ class TransferOptions:
     """Consecutive failed attempts (without progress) before a stream gives up."""
     chunk_bytes: int = 1 << 20
     """Read size of one stream."""
+    token: str | None = field(default=None, repr=False)
+    """Bearer token sent to a weight server (None: none)."""
 
 
 class Source(Protocol):
@@ -89,23 +91,23 @@ class Source(Protocol):
         ...
 
 
-def open_source(source: str | Path, options: TransferOptions, token: str | None = None) -> Source:
-    """An ``HttpSource`` for http(s) URLs (sending ``token`` as a bearer token), else an
-    ``FsSource`` (local path or fsspec URL)."""
+def open_source(source: str | Path, options: TransferOptions) -> Source:
+    """An ``HttpSource`` for http(s) URLs (sending ``options.token``), else an ``FsSource``
+    (local path or fsspec URL)."""
     text = str(source)
     if text.startswith(("http://", "https://")):
-        return HttpSource(text, options, token=token)
+        return HttpSource(text, options)
     return FsSource(text, options)
 
 
 class HttpSource:
     """A weight server (``astraflow weights serve`` or the app mounted elsewhere)."""
 
-    def __init__(self, url: str, options: TransferOptions, *, token: str | None = None) -> None:
+    def __init__(self, url: str, options: TransferOptions) -> None:
         self.url = url.rstrip("/")
         self.options = options
         limits = httpx.Limits(max_connections=max(8, 2 * options.streams))
-        headers = {"authorization": f"Bearer {token}"} if token else {}
+        headers = {"authorization": f"Bearer {options.token}"} if options.token else {}
         self._client = httpx.Client(
             limits=limits, timeout=self._timeout(options.stall_s), headers=headers
         )
