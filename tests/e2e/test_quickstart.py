@@ -18,11 +18,18 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.timeout(240)
-def test_reduced_quickstart_learns(tmp_path: Path) -> None:
+def test_reduced_quickstart_learns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     run_dir = tmp_path / "qs"
     secrets = {"node": "node-secret-1", "trainer": "trainer-secret-2", "admin": "admin-secret-3"}
+    weight_secrets = {"READ": "weights-read-secret-4", "PUBLISH": "weights-publish-secret-5"}
+    for role, token in weight_secrets.items():  # the weight server's tokens, from the env
+        monkeypatch.setenv(f"ASTRAFLOW_WEIGHTS_{role}_TOKEN", token)
+    secrets |= weight_secrets
     config = reduced_quickstart(
-        run_dir, *(f"dataflow.auth.{role}={token}" for role, token in secrets.items()), steps=250
+        run_dir,
+        *(f"dataflow.auth.{role}={token}" for role, token in secrets.items() if role.islower()),
+        "serve_weights=true",  # nodes pull over HTTP from an authenticated weight server
+        steps=250,
     )
     result = LocalRun(config).run()
 
@@ -32,6 +39,8 @@ def test_reduced_quickstart_learns(tmp_path: Path) -> None:
     # with tokens set, every component authenticated (the run finished, the launcher read
     # reports), and no token was written to any config, record or log file of the run
     assert lines(run_dir / "report.jsonl")
+    node_logs = "".join(p.read_text() for p in (run_dir / "logs").glob("node-*.log"))
+    assert "pulled policy=policy" in node_logs and "refused" not in node_logs
     for path in [*run_dir.rglob("*.json*"), *run_dir.rglob("*.log")]:
         text = path.read_text(errors="replace")
         assert not any(token in text for token in secrets.values()), path

@@ -13,7 +13,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "weights", help="the weight store (versioned full and delta weights over HTTP)"
     )
     actions = parser.add_subparsers(dest="action", metavar="<action>", required=True)
-    serve = actions.add_parser("serve", help="serve a store directory over HTTP (range requests)")
+    serve = actions.add_parser(
+        "serve",
+        help="serve a store directory over HTTP (range requests; bearer tokens from "
+        "ASTRAFLOW_WEIGHTS_READ_TOKEN / ASTRAFLOW_WEIGHTS_PUBLISH_TOKEN)",
+    )
     add_common(serve)
     serve.add_argument("--root", required=True, help="store directory to serve")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
@@ -35,19 +39,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from astraflow.weights.server import standalone_app
+    from astraflow.weights.server import WeightServerConfig, standalone_app
 
     init_logging(args, "weights")
-    app = standalone_app(args.root)
+    app = standalone_app(args.root, WeightServerConfig())  # tokens: ASTRAFLOW_WEIGHTS_*_TOKEN
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", ws="none", lifespan="off")
     return 0
 
 
 def _ls(args: argparse.Namespace) -> int:
     from astraflow.weights import WeightClient
+    from astraflow.weights.access import client_token
+    from astraflow.weights.transfer import TransferOptions
 
     init_logging(args, "weights")
-    with WeightClient(args.source) as client:
+    options = TransferOptions(token=client_token())
+    with WeightClient(args.source, options=options) as client:
         latest = client.latest(args.policy)
         if latest is None:
             print(f"policy {args.policy}: no versions")
@@ -64,9 +71,12 @@ def _ls(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     from astraflow.weights import WeightClient
+    from astraflow.weights.access import client_token
+    from astraflow.weights.transfer import TransferOptions
 
     init_logging(args, "weights")
-    with WeightClient(args.source) as client:
+    options = TransferOptions(token=client_token())
+    with WeightClient(args.source, options=options) as client:
         version = args.version if args.version is not None else client.latest(args.policy)
         tensors = client.load(args.policy, version)
     print(f"policy {args.policy} v{version}: {len(tensors)} tensors verified")

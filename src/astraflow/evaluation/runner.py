@@ -26,6 +26,8 @@ from astraflow.evaluation.config import EvalConfig
 from astraflow.plugins import validate_config
 from astraflow.records import NO_VERSION
 from astraflow.weights import WeightClient
+from astraflow.weights.access import client_token
+from astraflow.weights.transfer import TransferOptions
 from astraflow.workflows.api import encode_prompt
 from astraflow.workflows.prompts import build_prompt
 from astraflow.workflows.registry import WORKFLOWS, SingleRoleConfig
@@ -51,7 +53,7 @@ class Evaluator:
         self.rows = list(GENERATORS.build(config.generator, seed=config.seed).rows())
         self.rewards = RewardResolver(wf_config.reward, seed=config.seed)
         self.max_new_tokens = config.max_new_tokens or wf_config.sampling.max_new_tokens
-        self.client = WeightClient(config.weights)
+        self.client = WeightClient(config.weights, options=TransferOptions(token=client_token()))
         self.version = NO_VERSION
         self.model: Any = None
         self.tokenizer: Any = None

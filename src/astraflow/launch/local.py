@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import secrets
 import sys
 import threading
 import time
@@ -39,6 +40,7 @@ from astraflow.launch.pools import PoolManager
 from astraflow.launch.processes import Component, ComponentGroup, Proc
 from astraflow.launch.status import RunStatus, StatusCollector
 from astraflow.records import Role
+from astraflow.weights.access import ENV_WEIGHT_TOKENS, WeightRole, WeightsAuthConfig
 
 __all__ = ["ComponentSpec", "Launcher", "LocalRun", "RunResult"]
 
@@ -110,6 +112,7 @@ class Launcher:
         self.group = ComponentGroup(on_failure=self._failed)
         self.failures: list[str] = []
         self.weights_url: str | None = None
+        self._weight_tokens = _weight_tokens()
         self.started = time.monotonic()
         port = port or config.dataflow.port or _free_port()
         self._bind(make_plan(config, port=port, base_dir=base_dir))
@@ -149,8 +152,18 @@ class Launcher:
         roles = _TOKEN_ROLES.get(spec.kind.split(":")[0], ())
         # secrets travel in the environment, never in the component config files
         secret_env = {ENV_TOKENS[r]: tokens[r] for r in roles if r in tokens}
+        secret_env |= self._weight_token_env(spec.kind.split(":")[0])
         spec = dataclasses.replace(spec, env={**spec.env, **secret_env})
         return self.group.add(self._component(spec))
+
+    def _weight_token_env(self, kind: str) -> dict[str, str]:
+        """The weight-server tokens of ``kind``; the other roles' variables blanked, so that
+        nothing inherits a token its role does not need from the launcher's environment."""
+        roles = _WEIGHT_TOKEN_ROLES.get(kind, ())
+        return {
+            env: self._weight_tokens[role] if role in roles else ""
+            for role, env in ENV_WEIGHT_TOKENS.items()
+        }
 
     def _tokens(self) -> dict[Role, str]:
         """Bearer tokens per role: the run config's, else the launcher's environment."""
@@ -359,6 +372,22 @@ _TOKEN_ROLES: dict[str, tuple[Role, ...]] = {
     "trainer": ("trainer",),
     "node": ("node",),
 }
+
+
+#: Which weight-server tokens each kind of component is given (by role).
+_WEIGHT_TOKEN_ROLES: dict[str, tuple[WeightRole, ...]] = {
+    "weights": ("read", "publish"),
+    "node": ("read",),
+    "eval": ("read",),
+}
+
+
+def _weight_tokens() -> dict[WeightRole, str]:
+    """The weight server's tokens: the launcher's environment's, else fresh ones for this run
+    (a weight server the launcher starts is never open; the tokens live only in memory and in
+    the environment of the components that need them)."""
+    given = WeightsAuthConfig().tokens()
+    return {role: given.get(role) or secrets.token_urlsafe(24) for role in ENV_WEIGHT_TOKENS}
 
 
 def _threads_env(threads: int | None) -> dict[str, str]:

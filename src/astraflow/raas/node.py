@@ -118,8 +118,11 @@ class RolloutNode:
             )
         if self._weights is None:
             from astraflow.weights import WeightClient
+            from astraflow.weights.access import client_token
+            from astraflow.weights.transfer import TransferOptions
 
-            self._weights = WeightClient(cfg.weights)
+            options = TransferOptions(token=client_token())
+            self._weights = WeightClient(cfg.weights, options=options)
         if cfg.work_dir is not None:
             work = Path(cfg.work_dir)
         else:

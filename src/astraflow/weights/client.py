@@ -90,6 +90,8 @@ class WeightClient:
     ``verify_base`` checks, before a delta is applied, that the tensors hold ``have`` (one
     checksum pass; a device tensor is copied to the host for it). ``options`` replaces the
     individual transfer bounds (``timeout_s``: per file; ``stall_s``: without a byte).
+    ``options.token`` is the weight server's bearer token (callers read it from the
+    environment: ``astraflow.weights.access.client_token()``).
     """
 
     def __init__(

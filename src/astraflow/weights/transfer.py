@@ -19,15 +19,21 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 
-from astraflow.errors import NotFoundError, TransferError, TransferTimeoutError
-from astraflow.weights.files import StoreFiles
+from astraflow.errors import (
+    AuthError,
+    ForbiddenError,
+    NotFoundError,
+    TransferError,
+    TransferTimeoutError,
+)
 from astraflow.weights.manifest import WeightManifest, check_policy
+from astraflow.weights.files import StoreFiles
 
 __all__ = ["FsSource", "HttpSource", "Source", "TransferOptions", "open_source"]
 
@@ -55,6 +61,8 @@ class TransferOptions:
     """Consecutive failed attempts (without progress) before a stream gives up."""
     chunk_bytes: int = 1 << 20
     """Read size of one stream."""
+    token: str | None = field(default=None, repr=False)
+    """Bearer token sent to a weight server (None: none)."""
 
 
 class Source(Protocol):
@@ -84,7 +92,8 @@ class Source(Protocol):
 
 
 def open_source(source: str | Path, options: TransferOptions) -> Source:
-    """An ``HttpSource`` for http(s) URLs, else an ``FsSource`` (local path or fsspec URL)."""
+    """An ``HttpSource`` for http(s) URLs (sending ``options.token``), else an ``FsSource``
+    (local path or fsspec URL)."""
     text = str(source)
     if text.startswith(("http://", "https://")):
         return HttpSource(text, options)
@@ -98,7 +107,10 @@ class HttpSource:
         self.url = url.rstrip("/")
         self.options = options
         limits = httpx.Limits(max_connections=max(8, 2 * options.streams))
-        self._client = httpx.Client(limits=limits, timeout=self._timeout(options.stall_s))
+        headers = {"authorization": f"Bearer {options.token}"} if options.token else {}
+        self._client = httpx.Client(
+            limits=limits, timeout=self._timeout(options.stall_s), headers=headers
+        )
         self._closed = threading.Event()
 
     def _timeout(self, read_s: float) -> httpx.Timeout:
@@ -134,6 +146,7 @@ class HttpSource:
                 continue
             if reply.status_code == 404:
                 raise NotFoundError(f"{self.url}: {what}: not found")
+            _raise_refused(reply, self.url, what)
             if reply.status_code >= 400:
                 exc2 = TransferError(f"HTTP {reply.status_code}: {reply.text[:200]}")
                 if reply.status_code < 500:
@@ -198,6 +211,9 @@ class HttpSource:
     def _check_range_reply(self, reply: httpx.Response, pos: int, hi: int, what: str) -> None:
         if reply.status_code == 404:
             raise NotFoundError(f"{self.url}: {what}: not found")
+        if reply.status_code in (401, 403):
+            reply.read()
+            _raise_refused(reply, self.url, what)
         if reply.status_code >= 500:
             raise _Retryable(f"HTTP {reply.status_code}")
         if reply.status_code != 206:
@@ -229,6 +245,17 @@ class HttpSource:
     def close(self) -> None:
         self._closed.set()
         self._client.close()
+
+
+def _raise_refused(reply: httpx.Response, url: str, what: str) -> None:
+    """401 / 403 from the server: the token is missing, wrong, or of the wrong role."""
+    if reply.status_code not in (401, 403):
+        return
+    cls = AuthError if reply.status_code == 401 else ForbiddenError
+    raise cls(
+        f"pull from {url} refused: {what}: HTTP {reply.status_code} {reply.text[:200]} "
+        "(set ASTRAFLOW_WEIGHTS_READ_TOKEN)"
+    )
 
 
 class _Retryable(Exception):

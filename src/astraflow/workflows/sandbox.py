@@ -1,20 +1,27 @@
 """Run untrusted Python (model-written code and tests) in a limited subprocess.
 
-Layers, each used when this machine allows it (``Sandbox.layers()`` says which are on):
+Layers (``Sandbox.layers()`` says which are on). With ``isolation='kernel'`` (the default) the
+kernel enforces the boundary, and a machine that cannot build it refuses to run (SandboxError
+when the ``Sandbox`` is made), never silently weaker:
 
-    new network + pid namespaces (unshare) ── no network at all; the program's processes die
-    │                                          with the namespace when its init exits
-    pids cgroup (v1, when writable)  ───────── a hard cap on processes: fork bombs stop here
-    rlimits ─────────────────────────────────── address space, CPU seconds, file size (caps
-    │                                          output), open files, processes (not for root)
-    audit hook in the child ─────────────────── refuses fork/exec/spawn, sockets, ctypes,
-    │                                          signals, rlimit changes, writes outside its dir
-    temporary directory as cwd; new session ── the process group is killed after every run
-    wall-clock limit ───────────────────────── SIGKILL to the whole group on timeout
+    new mount + pid + net + ipc + uts namespaces (``unshare``; + a user namespace when the
+    │   launcher is not root) ─ no network; the program's processes die with its pid 1
+    read-only minimal root (pivot_root) ─ /usr /bin /lib* /etc and the interpreter only: no
+    │   run directory, no /home, no /root; one writable place, the program's own size-capped
+    │   tmpfs (its cwd, HOME and TMPDIR), gone when the run ends
+    unprivileged identity ─ a fresh uid per run (root launcher) or root-of-a-user-namespace
+    │   without capabilities; empty capability sets and bounding set; no_new_privs
+    pids cgroup (v1, when writable) ─ a hard cap on processes: fork bombs stop here
+    rlimits ─ address space, CPU seconds, file size (caps output), open files, processes
+    audit hook in the child ─ refuses fork/exec/spawn, sockets, ctypes, signals, rlimit
+    │   changes, writes outside its dir: a second layer only (code in the same interpreter can
+    │   disarm it), the kernel layers above are the boundary
+    new session; wall-clock limit ─ SIGKILL to the whole group after every run / on timeout
 
-A guard against runaway or careless code (loops, bombs, stray network calls), not a security
-boundary against a determined attacker who is root on the machine: run nodes that execute
-hostile code inside a container or VM.
+``isolation='process'`` is the weaker mode a caller must opt into (machines without
+namespaces, or a node already inside a throw-away container or VM): no namespaces, no
+filesystem or identity boundary, only rlimits, the pids cgroup and the audit hook; a guard
+against runaway or careless code, not against hostile code.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import json
 import logging
 import math
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -49,8 +57,13 @@ log = logging.getLogger(__name__)
 
 Status = Literal["ok", "error", "timeout", "memory", "output_limit", "killed"]
 Mode = Literal["auto", "off", "required"]
+Isolation = Literal["kernel", "process"]
 _CHILD = Path(__file__).with_name("sandbox_child.py")
 _PROGRAM = "main.py"
+#: Each kernel-isolated run gets its own uid from this range (files it writes, its process
+#: count); no account has it, so it owns nothing outside its own tmpfs.
+_UID_BASE, _UID_SPAN = 1_500_000_000, 1 << 24
+_UNSHARE_FLAGS = ("--mount", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child")
 _CHILD_ENV = {
     "PATH": "/usr/bin:/bin",
     "LANG": "C.UTF-8",
@@ -74,8 +87,11 @@ class SandboxConfig(ConfigModel):
     """Largest file the program may write, stdout and stderr included (RLIMIT_FSIZE)."""
     max_open_files: int = Field(default=64, ge=16)
     """Open file descriptors (RLIMIT_NOFILE)."""
-    namespaces: Mode = "auto"
-    """New network and pid namespaces via ``unshare``: 'auto' uses them when possible."""
+    isolation: Isolation = "kernel"
+    """'kernel': namespaces, read-only root, unprivileged uid (refuses to run without them);
+    'process': rlimits, cgroup and audit hook only, for trusted code or a throw-away VM."""
+    disk_mb: int = Field(default=32, ge=1, le=4096)
+    """Size of the program's writable tmpfs (kernel isolation): its files, all together."""
     pids_cgroup: Mode = "auto"
     """A pids cgroup capping process count: 'auto' uses one when this process may make it."""
     guard: bool = True
@@ -109,16 +125,20 @@ class Sandbox:
 
     def __init__(self, config: SandboxConfig | None = None) -> None:
         self.config = config or SandboxConfig()
-        self._prefix = _resolve_namespaces(self.config.namespaces)
+        self._prefix = _resolve_namespaces(self.config.isolation)
         self._cgroup_root = _resolve_cgroup(self.config.pids_cgroup, self._prefix)
         self._gate = Gate(self.config.max_concurrency)
 
     def layers(self) -> dict[str, bool]:
         """Which isolation layers are in force on this machine."""
+        kernel = bool(self._prefix)
         return {
-            "namespaces": bool(self._prefix),
+            "namespaces": kernel,
+            "read_only_root": kernel,
+            "unprivileged": kernel or os.geteuid() != 0,
+            "user_namespace": "--map-root-user" in self._prefix,
             "pids_cgroup": self._cgroup_root is not None,
-            "rlimit_nproc": os.geteuid() != 0 or "--map-root-user" in self._prefix,
+            "rlimit_nproc": kernel or os.geteuid() != 0,
             "guard": self.config.guard,
         }
 
@@ -159,24 +179,38 @@ class Sandbox:
 
     def _rlimits(self, limit_s: float) -> dict[str, int]:
         cfg = self.config
+        # a kernel-isolated run has a uid of its own: its init plus max_processes
+        nproc = cfg.max_processes + 1 if self._prefix else _nproc_limit(cfg.max_processes)
         return {
             "RLIMIT_AS": cfg.memory_mb * 2**20,
             "RLIMIT_CPU": math.ceil(limit_s) + 1,
             "RLIMIT_FSIZE": cfg.output_limit_kb * 1024,
             "RLIMIT_NOFILE": cfg.max_open_files,
-            "RLIMIT_NPROC": _nproc_limit(cfg.max_processes),
+            "RLIMIT_NPROC": nproc,
             "RLIMIT_CORE": 0,
         }
 
     def _run_in(
         self, tmp: Path, program: str, limit_s: float, cgroup: Path | None
     ) -> SandboxResult:
-        (tmp / _PROGRAM).write_text(program, encoding="utf-8", errors="replace")
+        work = tmp / "work"
+        work.mkdir()
+        jail = None
+        if self._prefix:  # the child copies the program into its own tmpfs at ``work``
+            (tmp / "root").mkdir()
+            uid = None if "--map-root-user" in self._prefix else _fresh_uid()
+            jail = {"root": str(tmp / "root"), "work": str(work), "uid": uid,
+                    "disk_mb": self.config.disk_mb}  # fmt: skip
+        (tmp / _PROGRAM if jail else work / _PROGRAM).write_text(
+            program, encoding="utf-8", errors="replace"
+        )
         status_r, status_w = os.pipe()
         config = {
             "program": _PROGRAM,
             "status_fd": status_w,
             "guard": self.config.guard,
+            "site_packages": self.config.site_packages,
+            "jail": jail,
             "rlimits": self._rlimits(limit_s),
             "cgroup_procs": str(cgroup / "cgroup.procs") if cgroup else None,
         }
@@ -190,13 +224,13 @@ class Sandbox:
             with out_path.open("wb") as out, err_path.open("wb") as err:
                 proc = subprocess.Popen(
                     cmd,
-                    cwd=tmp,
+                    cwd=tmp if jail else work,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
                     pass_fds=(status_w,),
                     start_new_session=True,
-                    env={**_CHILD_ENV, "HOME": str(tmp)},
+                    env={**_CHILD_ENV, "HOME": str(work), "TMPDIR": str(work)},
                 )
         except OSError as exc:
             os.close(status_r)
@@ -319,29 +353,37 @@ def _remove_cgroup(path: Path) -> None:
     log.warning("sandbox cgroup=%s could not be removed", path)
 
 
+def _fresh_uid() -> int:
+    return _UID_BASE + secrets.randbelow(_UID_SPAN)
+
+
 @functools.cache
-def _probe_unshare() -> tuple[str, ...]:
+def _probe_unshare() -> tuple[tuple[str, ...], str]:
+    """The ``unshare`` prefix that builds the namespaces here, or () and why not."""
     exe = shutil.which("unshare")
     if exe is None:
-        return ()
-    base = [exe, "--net", "--pid", "--fork", "--kill-child"]
-    candidates = [base, [exe, "--user", "--map-root-user", *base[1:]]]
-    for cmd in candidates:
-        try:
-            ok = subprocess.run([*cmd, "true"], capture_output=True, timeout=10).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        if ok:
-            return (*cmd, "--")
-    return ()
+        return (), "`unshare` (util-linux) is not installed"
+    user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
+    cmd = [exe, *user, *_UNSHARE_FLAGS]
+    try:
+        done = subprocess.run([*cmd, "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return (), f"`unshare` failed: {exc}"
+    if done.returncode != 0:
+        return (), f"`{' '.join(cmd)} true` failed: {done.stderr.decode(errors='replace')[-300:]}"
+    return (*cmd, "--"), ""
 
 
-def _resolve_namespaces(mode: Mode) -> tuple[str, ...]:
-    if mode == "off":
+def _resolve_namespaces(isolation: Isolation) -> tuple[str, ...]:
+    if isolation == "process":
         return ()
-    prefix = _probe_unshare()
-    if not prefix and mode == "required":
-        raise SandboxError("sandbox namespaces are required but `unshare` cannot create them")
+    prefix, why = _probe_unshare()
+    if not prefix:
+        raise SandboxError(
+            f"kernel isolation is unavailable on this machine ({why}); refusing to run "
+            "untrusted code without it (set sandbox isolation='process' only for trusted "
+            "code or inside a throw-away container or VM)"
+        )
     return prefix
 
 

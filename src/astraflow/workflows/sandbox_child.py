@@ -1,17 +1,22 @@
 """Child side of the code sandbox: trusted set-up that runs before the untrusted program.
 
-Started by :mod:`astraflow.workflows.sandbox` as ``python -I -S -B sandbox_child.py CONFIG``
-in a fresh temporary directory, maybe as pid 1 of new network + pid namespaces. Standard
-library only: it never imports astraflow.
+Started by :mod:`astraflow.workflows.sandbox` as ``python -I -S -B sandbox_child.py CONFIG``,
+as pid 1 of new mount + pid + network + ipc + uts namespaces (isolation 'kernel') or in a
+temporary directory (isolation 'process'). Standard library only: it never imports astraflow.
 
-    join pids cgroup ─► set rlimits ─► fork ─┬─ child: close status fd, install audit guard,
-                                             │         run main.py as __main__
-                                             └─ parent (init): reap every child; write the
-                                                program's exit code or signal to the status fd
+    join pids cgroup ─► jail (kernel: sandbox_jail.enter) ─► set rlimits ─► drop privileges
+    ─► fork ─┬─ child: close status fd, install audit guard, run main.py as __main__
+             └─ parent (init): reap every child; write the program's exit code or signal
+                to the status fd
+
+The audit guard is a second layer only: code in the same interpreter can reach and disarm it
+(``gc.get_objects()``), and it sees neither ``dir_fd`` nor ``mkfifo``/``mknod``. The boundary
+is the kernel's: a read-only root, one writable tmpfs, no capabilities, an unprivileged uid.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import resource
@@ -100,6 +105,8 @@ def _limit(config: dict[str, Any]) -> None:
 
 def _run_program(config: dict[str, Any], status_fd: int) -> None:
     os.close(status_fd)
+    for name in ("sandbox_jail", "ctypes", "_ctypes", "ctypes._endian"):
+        sys.modules.pop(name, None)  # the set-up's native-call module is not the program's
     root = os.path.realpath(os.getcwd())
     sys.argv = [config["program"]]
     sys.path.insert(0, root)
@@ -138,15 +145,38 @@ def _wait_as_init(pid: int) -> dict[str, int]:
             return {"exit": os.WEXITSTATUS(status)}
 
 
+def _interpreter_dirs(site_packages: bool) -> set[str]:
+    """Directories this interpreter imports from (bound read-only into the jail)."""
+    dirs = {sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    if site_packages:
+        dirs |= {sys.prefix, *sys.path}
+    return {os.path.realpath(d) for d in dirs if d and os.path.isdir(d)}
+
+
+def _jail(config: dict[str, Any]) -> None:
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "sandbox_jail.py")
+    spec = importlib.util.spec_from_file_location("sandbox_jail", path)
+    assert spec is not None and spec.loader is not None
+    sandbox_jail = importlib.util.module_from_spec(spec)
+    sys.modules["sandbox_jail"] = sandbox_jail
+    spec.loader.exec_module(sandbox_jail)
+    sandbox_jail.enter(config["jail"], _interpreter_dirs(bool(config["site_packages"])))
+    _limit(config)
+    sandbox_jail.drop_privileges(config["jail"].get("uid"))
+
+
 def main() -> None:
-    """Set up limits, run the program in a child, report its end on the status fd."""
+    """Set up the jail and limits, run the program in a child, report its end on the status fd."""
     with open(sys.argv[1], encoding="utf-8") as f:
         config = json.load(f)
     status_fd = int(config["status_fd"])
     if config.get("cgroup_procs"):
         with open(config["cgroup_procs"], "w", encoding="ascii") as f:
             f.write("0")
-    _limit(config)
+    if config.get("jail"):
+        _jail(config)
+    else:
+        _limit(config)
     pid = os.fork()
     if pid == 0:
         _run_program(config, status_fd)

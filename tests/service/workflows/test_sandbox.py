@@ -75,17 +75,17 @@ def test_infinite_loop_is_killed_within_its_limit() -> None:
     assert time.monotonic() - start < 3.0
 
 
-@pytest.mark.parametrize("namespaces", ["auto", "off"])
-def test_fork_bomb_is_contained_and_leaves_no_process(namespaces: str) -> None:
-    sandbox = Sandbox(SandboxConfig(time_limit_s=2.0, namespaces=namespaces))
+@pytest.mark.parametrize("isolation", ["kernel", "process"])
+def test_fork_bomb_is_contained_and_leaves_no_process(isolation: str) -> None:
+    sandbox = Sandbox(SandboxConfig(time_limit_s=2.0, isolation=isolation))
     result = sandbox.run_sync(BOMB)
     assert not result.passed and "os.fork is not allowed" in result.stderr
     assert _survivors(result.stdout.strip()) == []
 
 
-@pytest.mark.parametrize("namespaces", ["auto", "off"])
-def test_fork_bomb_without_the_audit_guard_is_contained(namespaces: str) -> None:
-    sandbox = Sandbox(SandboxConfig(time_limit_s=2.0, guard=False, namespaces=namespaces))
+@pytest.mark.parametrize("isolation", ["kernel", "process"])
+def test_fork_bomb_without_the_audit_guard_is_contained(isolation: str) -> None:
+    sandbox = Sandbox(SandboxConfig(time_limit_s=2.0, guard=False, isolation=isolation))
     start = time.monotonic()
     result = sandbox.run_sync(BOMB)
     assert not result.passed
@@ -93,10 +93,10 @@ def test_fork_bomb_without_the_audit_guard_is_contained(namespaces: str) -> None
     assert result.stdout.strip() and _survivors(result.stdout.strip()) == []
 
 
-@pytest.mark.parametrize("namespaces", ["auto", "off"])
-def test_process_count_is_capped_by_the_kernel(namespaces: str) -> None:
+@pytest.mark.parametrize("isolation", ["kernel", "process"])
+def test_process_count_is_capped_by_the_kernel(isolation: str) -> None:
     sandbox = Sandbox(
-        SandboxConfig(time_limit_s=3.0, guard=False, max_processes=8, namespaces=namespaces)
+        SandboxConfig(time_limit_s=3.0, guard=False, max_processes=8, isolation=isolation)
     )
     layers = sandbox.layers()
     if not (layers["pids_cgroup"] or layers["rlimit_nproc"]):
