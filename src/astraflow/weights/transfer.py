@@ -32,8 +32,8 @@ from astraflow.errors import (
     TransferError,
     TransferTimeoutError,
 )
-from astraflow.weights.manifest import WeightManifest, check_policy
 from astraflow.weights.files import StoreFiles
+from astraflow.weights.manifest import WeightManifest, check_policy
 
 __all__ = ["FsSource", "HttpSource", "Source", "TransferOptions", "open_source"]
 
