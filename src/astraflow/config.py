@@ -18,7 +18,14 @@ from pydantic import BaseModel, ConfigDict
 
 from astraflow.errors import ConfigError
 
-__all__ = ["ConfigModel", "apply_overrides", "dump_config", "load_config", "read_yaml"]
+__all__ = [
+    "ConfigModel",
+    "apply_overrides",
+    "dump_config",
+    "fields_of",
+    "load_config",
+    "read_yaml",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -27,6 +34,12 @@ class ConfigModel(BaseModel):
     """Base of every config: strict keys, frozen, field docstrings as descriptions."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def fields_of(model: BaseModel, part: type[BaseModel]) -> dict[str, Any]:
+    """The values ``model`` holds for the fields of ``part`` (a base of its class), e.g. the
+    settings a run-config section shares with the component config it becomes."""
+    return {name: getattr(model, name) for name in part.model_fields}
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ __all__ = [
     "LeaseConfig",
     "LimitsConfig",
     "PolicyConfig",
+    "PolicySettings",
     "RegulationConfig",
     "RegulationSettings",
     "ReportConfig",
@@ -34,11 +35,9 @@ FilterList = Annotated[list[PluginField], FILTER_SPEC]
 SamplerField = Annotated[PluginField, SAMPLER_SPEC]
 
 
-class PolicyConfig(ConfigModel):
-    """One trained policy: its vocabulary, staleness bound and buffer cap."""
+class PolicySettings(ConfigModel):
+    """How the dataflow holds one policy's samples (what a run config sets per policy)."""
 
-    vocab_size: int = Field(ge=1)
-    """Token ids must be below this; a sample with a larger id is refused."""
     max_staleness: int = Field(default=1, ge=0)
     """Largest trainer-version lag of a served sample; also the lease admission bound."""
     max_buffered: int = Field(default=4096, ge=1)
@@ -47,6 +46,13 @@ class PolicyConfig(ConfigModel):
     """Acked groups kept for replay samplers (0: samples are deleted once acked)."""
     ack_timeout_s: float = Field(default=600.0, gt=0)
     """An un-acked batch is served again after this many seconds."""
+
+
+class PolicyConfig(PolicySettings):
+    """One trained policy: its vocabulary, staleness bound and buffer cap."""
+
+    vocab_size: int = Field(ge=1)
+    """Token ids must be below this; a sample with a larger id is refused."""
 
 
 class SourceConfig(ConfigModel):

@@ -10,10 +10,21 @@ from astraflow.config import ConfigModel
 from astraflow.plugins import GENERATOR_SPEC, WORKFLOW_SPEC, PluginSpec
 from astraflow.records import Name
 
-__all__ = ["EvalConfig"]
+__all__ = ["EvalConfig", "EvalSettings"]
 
 
-class EvalConfig(ConfigModel):
+class EvalSettings(ConfigModel):
+    """How an evaluator generates and how often (what a run config sets per evaluation)."""
+
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """Generation bound (default: the workflow's sampling.max_new_tokens)."""
+    every_s: float = Field(default=5.0, gt=0)
+    """Evaluate the newest version at most this often."""
+    batch_size: int = Field(default=256, ge=1)
+    """Prompts per greedy generation batch."""
+
+
+class EvalConfig(EvalSettings):
     """One evaluator process: a policy, its weight store, a held-out task set."""
 
     policy: Name
@@ -26,12 +37,6 @@ class EvalConfig(ConfigModel):
         default_factory=lambda: PluginSpec(type="rlvr")
     )
     """Workflow spec whose prompt and reward settings are used (single-role workflows)."""
-    max_new_tokens: int | None = Field(default=None, ge=1)
-    """Generation bound (default: the workflow's sampling.max_new_tokens)."""
-    every_s: float = Field(default=5.0, gt=0)
-    """Evaluate the newest version at most this often."""
-    batch_size: int = Field(default=256, ge=1)
-    """Prompts per greedy generation batch."""
     out: str = "eval.jsonl"
     """JSONL file the results are appended to."""
     seed: int = 0

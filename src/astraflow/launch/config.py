@@ -21,18 +21,20 @@ from astraflow.dataflow.config import (
     AuthConfig,
     FilterList,
     LeaseConfig,
+    PolicySettings,
     RegulationSettings,
     ReportConfig,
     SamplerField,
     SelectorField,
     SourceConfig,
 )
+from astraflow.evaluation.config import EvalSettings
 from astraflow.models import ModelSpec
 from astraflow.plugins import GENERATOR_SPEC, TOOL_SPEC, WORKFLOW_SPEC, NamedSpecs, PluginSpec
 from astraflow.raas.config import NodeSettings
 from astraflow.raas.config import PolicyConfig as RolloutConfig
 from astraflow.records import Name
-from astraflow.trainer.config import TrainerSettings
+from astraflow.trainer.config import TrainerSettings, WarmupSettings
 from astraflow.weights.config import WeightStoreConfig
 
 __all__ = [
@@ -49,19 +51,13 @@ __all__ = [
 ]
 
 
-class WarmupSection(ConfigModel):
+class WarmupSection(WarmupSettings):
     """SFT warm-up before RL: pairs from a JSONL file or from a task generator."""
 
     pairs: str | None = None
     """JSONL file of ``{"prompt", "completion"}`` objects (relative to the config file)."""
     generator: Annotated[PluginSpec | None, GENERATOR_SPEC] = None
     """Or a task generator whose rows have ``prompt`` and ``completion`` (e.g. noisy_sft)."""
-    steps: int = Field(default=300, ge=1)
-    """SFT optimizer steps."""
-    lr: float = Field(default=3e-3, gt=0)
-    """SFT learning rate."""
-    batch_size: int = Field(default=64, ge=1)
-    """Pairs per SFT step."""
 
     @model_validator(mode="after")
     def _one_source(self) -> WarmupSection:
@@ -70,8 +66,10 @@ class WarmupSection(ConfigModel):
         return self
 
 
-class PolicySection(ConfigModel):
-    """One trained policy: its model, its trainer, and how rollout nodes host it."""
+class PolicySection(PolicySettings):
+    """One policy: its model, its trainer, how rollout nodes host it, and how the dataflow
+    holds its samples (``max_staleness``, the one staleness bound: the dataflow serves no
+    sample and leases to no node whose weights lag more; ``max_buffered`` ...)."""
 
     model: ModelSpec
     """The policy's model (pretrained by name/path, or built from a config)."""
@@ -82,11 +80,6 @@ class PolicySection(ConfigModel):
     """SFT warm-up before version 0 (fresh runs only)."""
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     """How nodes host this policy: engine, refresh, own model."""
-    max_staleness: int = Field(default=1, ge=0)
-    """Trainer versions a sample may lag when served, and a node's weights when it leases
-    (the one staleness bound: the dataflow enforces it and tells nodes when to refresh)."""
-    max_buffered: int = Field(default=4096, ge=1)
-    """Backpressure cap on buffered + in-flight samples of this policy."""
     vocab_size: int | None = Field(default=None, ge=1)
     """Token-id bound checked on ingest (default: the model's vocabulary size)."""
     frozen: bool = False
@@ -138,7 +131,7 @@ class DataflowSection(ConfigModel):
     """Bearer tokens per role (also from ASTRAFLOW_*_TOKEN)."""
 
 
-class EvalSection(ConfigModel):
+class EvalSection(EvalSettings):
     """Greedy evaluation of each new version of a policy on a held-out task set."""
 
     policy: Name
@@ -147,12 +140,6 @@ class EvalSection(ConfigModel):
     """Task generator of the held-out set (e.g. ``{type: add1, split: eval, size: 200}``)."""
     workflow: Name = "rlvr"
     """Workflow (in ``workflows``) whose prompt and reward settings are used."""
-    max_new_tokens: int | None = Field(default=None, ge=1)
-    """Generation bound (default: the workflow's sampling.max_new_tokens)."""
-    every_s: float = Field(default=5.0, gt=0)
-    """Evaluate the newest version at most this often."""
-    batch_size: int = Field(default=256, ge=1)
-    """Prompts per greedy generation batch."""
 
 
 class AutoscaleConfig(ConfigModel):

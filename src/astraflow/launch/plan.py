@@ -22,17 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from astraflow.config import dump_config, validate
-from astraflow.dataflow.config import DataflowConfig, RegulationConfig
+from astraflow.config import dump_config, fields_of, validate
+from astraflow.dataflow.config import DataflowConfig, PolicySettings, RegulationConfig
 from astraflow.errors import ConfigError
-from astraflow.evaluation.config import EvalConfig
+from astraflow.evaluation.config import EvalConfig, EvalSettings
 from astraflow.launch.checks import check_run, raise_problems, workflow_names, workflow_spec
 from astraflow.launch.config import PoolSection, RunConfig, WarmupSection
 from astraflow.models import ModelSpec
 from astraflow.plugins import PluginSpec
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.config import PolicyConfig as RolloutConfig
-from astraflow.trainer.config import TrainerConfig
+from astraflow.trainer.config import TrainerConfig, WarmupSettings
 
 __all__ = ["Plan", "make_plan", "node_config", "sync_round_tasks"]
 
@@ -90,13 +90,11 @@ def make_plan(config: RunConfig, *, port: int, base_dir: Path | None = None) -> 
         ev.policy: validate(
             EvalConfig,
             {
+                **fields_of(ev, EvalSettings),
                 "policy": ev.policy,
                 "weights": str(weights_root),
                 "generator": ev.generator,
                 "workflow": workflow_spec(config, ev.workflow),
-                "max_new_tokens": ev.max_new_tokens,
-                "every_s": ev.every_s,
-                "batch_size": ev.batch_size,
                 "out": str(run_dir / "eval" / f"{ev.policy}.jsonl"),
                 "seed": config.seed,
             },
@@ -149,9 +147,9 @@ def _dataflow_config(
     sync = config.mode == "sync"
     policies = {
         name: {
+            **fields_of(p, PolicySettings),
             "vocab_size": vocab[name],
             "max_staleness": 0 if sync else p.max_staleness,
-            "max_buffered": p.max_buffered,
         }
         for name, p in config.policies.items()
     }
@@ -237,10 +235,8 @@ def _warmup(section: WarmupSection, out: Path, base_dir: Path | None) -> dict[st
         if not path.exists():
             _write_pairs(section.generator, path)
     return {
+        **fields_of(section, WarmupSettings),
         "pairs": str(path),
-        "steps": section.steps,
-        "lr": section.lr,
-        "batch_size": section.batch_size,
     }
 
 

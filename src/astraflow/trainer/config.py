@@ -27,6 +27,7 @@ __all__ = [
     "TrainerConfig",
     "TrainerSettings",
     "WarmupConfig",
+    "WarmupSettings",
 ]
 
 AdvantageScale = Literal["std", "mean", "raw"]
@@ -127,11 +128,9 @@ class CheckpointConfig(ConfigModel):
     """How many checkpoints to keep (older ones are deleted after a new one is complete)."""
 
 
-class WarmupConfig(ConfigModel):
-    """SFT warm-up on (prompt, completion) pairs, run before version 0 is published."""
+class WarmupSettings(ConfigModel):
+    """How the SFT warm-up trains (what a run config sets beside where its pairs come from)."""
 
-    pairs: str
-    """JSONL file, one object per line with string fields ``prompt`` and ``completion``."""
     steps: int = Field(default=300, ge=1)
     """Optimizer steps of SFT."""
     lr: float = Field(default=3e-3, gt=0)
@@ -140,6 +139,13 @@ class WarmupConfig(ConfigModel):
     """Pairs per step (sampled with replacement from a seeded RNG)."""
     add_eos: bool = True
     """Append the tokenizer's EOS token to every completion (and train on it)."""
+
+
+class WarmupConfig(WarmupSettings):
+    """SFT warm-up on (prompt, completion) pairs, run before version 0 is published."""
+
+    pairs: str
+    """JSONL file, one object per line with string fields ``prompt`` and ``completion``."""
 
 
 class MetricsConfig(ConfigModel):
