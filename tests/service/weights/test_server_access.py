@@ -265,8 +265,8 @@ def test_requests_generated_from_the_document_never_fail_the_server(
 
 
 async def test_pair_locks_do_not_outlive_their_requests(tmp_path: Path) -> None:
+    from astraflow.weights.files import StoreFiles
     from astraflow.weights.merged_cache import MergedCache
-    from astraflow.weights.store import StoreFiles
 
     _publish(tmp_path)
     cache = MergedCache(StoreFiles(tmp_path), entries=3, max_bytes=2**30)
@@ -283,8 +283,8 @@ async def test_pair_locks_do_not_outlive_their_requests(tmp_path: Path) -> None:
 
 async def test_a_merge_larger_than_the_cache_is_not_kept(tmp_path: Path) -> None:
     from astraflow.errors import NotFoundError
+    from astraflow.weights.files import StoreFiles
     from astraflow.weights.merged_cache import MergedCache
-    from astraflow.weights.store import StoreFiles
 
     _publish(tmp_path)
     cache = MergedCache(StoreFiles(tmp_path), entries=4, max_bytes=64)
