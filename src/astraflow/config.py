@@ -24,6 +24,7 @@ __all__ = [
     "dump_config",
     "fields_of",
     "load_config",
+    "read_jsonl",
     "read_yaml",
 ]
 
@@ -40,6 +41,30 @@ def fields_of(model: BaseModel, part: type[BaseModel]) -> dict[str, Any]:
     """The values ``model`` holds for the fields of ``part`` (a base of its class), e.g. the
     settings a run-config section shares with the component config it becomes."""
     return {name: getattr(model, name) for name in part.model_fields}
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """The JSON objects of a JSONL data file a config names, with their line numbers (blank
+    lines skipped).
+
+    Raises ``ConfigError`` naming the file and line of the first line that is not an object.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"file not found: {p}")
+    rows: list[tuple[int, dict[str, Any]]] = []
+    with p.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{p}:{n}: not valid JSON: {exc}") from exc
+            if not isinstance(row, dict):
+                raise ConfigError(f"{p}:{n}: each line must be a JSON object")
+            rows.append((n, row))
+    return rows
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

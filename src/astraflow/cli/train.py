@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import threading
-from types import FrameType
 from typing import Any
 
-from astraflow.cli.options import add_common, init_logging
+from astraflow.cli.options import add_common, init_logging, stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,15 +25,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_common(parser, config_required=True)
     parser.set_defaults(func=_train)
-
-
-def _stop_on_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-        signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process at once
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
 
 
 class _Progress:
@@ -87,8 +75,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
     config = load_config(TrainerConfig, args.config, overrides)
-    stop = threading.Event()
-    _stop_on_signals(stop)
+    stop = stop_on_signals()
     progress = _Progress(config.max_steps)
     kwargs: dict[str, Any] = {"on_step": progress.update} if rank == 0 else {}
     trainer = Trainer(config, **kwargs)
