@@ -8,7 +8,6 @@ command again resumes the run from its run directory.
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +75,3 @@ def _run(args: argparse.Namespace) -> int:
             result = LocalRun(config, base_dir=base_dir, on_tick=view.update).run(stop)
     view.final(result)
     return 0 if result.ok else 1
-
-
-def _elapsed(seconds: float) -> str:
-    return time.strftime("%M:%S", time.gmtime(seconds))

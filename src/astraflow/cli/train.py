@@ -8,6 +8,7 @@ exit; a second Ctrl-C exits at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from typing import Any
 
@@ -81,16 +82,8 @@ def _train(args: argparse.Namespace) -> int:
     trainer = Trainer(config, **kwargs)
     try:
         trainer.start()
-        with progress if rank == 0 else _Null():
+        with progress if rank == 0 else contextlib.nullcontext():
             trainer.run(stop)
     finally:
         trainer.close()
     return 0
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
