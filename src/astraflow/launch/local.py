@@ -153,7 +153,7 @@ class Launcher:
         roles = _TOKEN_ROLES.get(spec.kind, ())
         # secrets travel in the environment, never in the component config files
         secret_env = {ENV_TOKENS[r]: tokens[r] for r in roles if r in tokens}
-        secret_env |= self._weight_token_env(spec.kind.split(":")[0])
+        secret_env |= self._weight_token_env(spec.kind)
         spec = dataclasses.replace(spec, env={**spec.env, **secret_env})
         return self.group.add(self._component(spec))
 

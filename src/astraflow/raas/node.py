@@ -24,16 +24,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import SecretStr
 
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.hosting import build_tools, build_workflows, host_policy
+from astraflow.raas.io import TaskFeed, WeightFeed
 from astraflow.raas.policy import NodePolicy, held_versions
 from astraflow.raas.runner import TaskRunner
 from astraflow.raas.stats import NodeMeter, detect_hardware
@@ -58,6 +59,10 @@ DEFAULT_TTL_S = 30.0
 ERROR_BACKOFF_S = 1.0
 
 
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
 @dataclass
 class _Running:
     task: Task
@@ -68,7 +73,13 @@ class _Running:
 class RolloutNode:
     """One rollout node. ``await node.run()`` serves until ``request_stop()`` (or a signal)."""
 
-    def __init__(self, config: NodeConfig, *, dataflow: Any = None, weights: Any = None) -> None:
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        dataflow: TaskFeed | None = None,
+        weights: WeightFeed | None = None,
+    ) -> None:
         self.config = config
         self._dataflow = dataflow
         self._weights = weights
@@ -86,6 +97,18 @@ class RolloutNode:
         self._ttl_s = DEFAULT_TTL_S
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._runner: TaskRunner | None = None
+
+    @property
+    def dataflow(self) -> TaskFeed:
+        """The dataflow client (opened by :meth:`start`)."""
+        assert self._dataflow is not None, "start() first"
+        return self._dataflow
+
+    @property
+    def weights(self) -> WeightFeed:
+        """The weight client (opened by :meth:`start`)."""
+        assert self._weights is not None, "start() first"
+        return self._weights
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -112,16 +135,14 @@ class RolloutNode:
         if self._dataflow is None:
             from astraflow.dataflow.client import AsyncDataflowClient
 
-            token = os.environ.get("ASTRAFLOW_NODE_TOKEN") or None
             self._dataflow = AsyncDataflowClient(
-                cfg.dataflow_url, token=token, timeout_s=cfg.request_timeout_s
+                cfg.dataflow_url, token=_secret(cfg.dataflow_token), timeout_s=cfg.request_timeout_s
             )
         if self._weights is None:
             from astraflow.weights import WeightClient
-            from astraflow.weights.access import client_token
             from astraflow.weights.transfer import TransferOptions
 
-            options = TransferOptions(token=client_token())
+            options = TransferOptions(token=_secret(cfg.weights_token))
             self._weights = WeightClient(cfg.weights, options=options)
         if cfg.work_dir is not None:
             work = Path(cfg.work_dir)
@@ -170,7 +191,7 @@ class RolloutNode:
             await policy.close()
         if self._dataflow is not None:
             await self._dataflow.close()
-        if self._weights is not None and hasattr(self._weights, "close"):
+        if self._weights is not None:
             self._weights.close()
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -183,7 +204,6 @@ class RolloutNode:
         busy = {  # cumulative seconds each engine spent generating (its utilisation)
             f"busy_s.{name}": float(p.engine.metrics().get("busy_s", 0.0))
             for name, p in self.policies.items()
-            if hasattr(p.engine, "metrics")
         }
         return stats.model_copy(update={"extra": {**stats.extra, **busy}}) if busy else stats
 
@@ -203,7 +223,7 @@ class RolloutNode:
             if free < cfg.capacity:
                 free = await self._coalesce()
             try:
-                reply = await self._dataflow.lease(
+                reply = await self.dataflow.lease(
                     LeaseRequest(
                         node_id=cfg.node_id,
                         pool=cfg.pool,
@@ -250,7 +270,7 @@ class RolloutNode:
                 continue
             if name in self._must_refresh:
                 try:
-                    if await policy.refresh(self._weights, latest):
+                    if await policy.refresh(self.weights, latest):
                         self.meter.refreshes += 1
                 except Exception as exc:  # boundary: keep serving, try again shortly
                     log.warning("refresh failed policy=%s want=%d error=%r", name, latest, exc)
@@ -305,7 +325,7 @@ class RolloutNode:
             last = time.monotonic()
             leases = [LeaseRef(task_id=t, attempt=a) for t, a in self._running]
             try:
-                reply = await self._dataflow.renew(
+                reply = await self.dataflow.renew(
                     RenewRequest(
                         node_id=cfg.node_id,
                         pool=cfg.pool,
@@ -338,7 +358,7 @@ class RolloutNode:
                 if policy.frozen or not eager or want <= policy.version:
                     continue
                 try:
-                    if await policy.refresh(self._weights, want):
+                    if await policy.refresh(self.weights, want):
                         self.meter.refreshes += 1
                 except Exception as exc:  # loop boundary: retried at the next announcement
                     log.warning("refresh failed policy=%s want=%d error=%r", name, want, exc)
@@ -358,7 +378,7 @@ class RolloutNode:
         if left:
             refs = [LeaseRef(task_id=r.task.task_id, attempt=r.task.attempt) for r in left]
             try:
-                reply = await self._dataflow.release(
+                reply = await self.dataflow.release(
                     ReleaseRequest(node_id=self.config.node_id, leases=refs)
                 )
                 log.info("released leases=%d requeued=%d", len(refs), reply.requeued)
