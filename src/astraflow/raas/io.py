@@ -9,19 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
+from astraflow import records as rec
 from astraflow.raas.engines.base import WeightSource
-from astraflow.records import (
-    FailReply,
-    FailRequest,
-    LeaseReply,
-    LeaseRequest,
-    ReleaseReply,
-    ReleaseRequest,
-    RenewReply,
-    RenewRequest,
-    SubmitReply,
-    SubmitRequest,
-)
 
 __all__ = ["TaskFeed", "WeightFeed"]
 
@@ -29,23 +18,23 @@ __all__ = ["TaskFeed", "WeightFeed"]
 class TaskFeed(Protocol):
     """The node's side of the dataflow service."""
 
-    async def lease(self, req: LeaseRequest) -> LeaseReply:
+    async def lease(self, req: rec.LeaseRequest) -> rec.LeaseReply:
         """Tasks for free slots (maybe none, with the reason)."""
         ...
 
-    async def renew(self, req: RenewRequest) -> RenewReply:
+    async def renew(self, req: rec.RenewRequest) -> rec.RenewReply:
         """Heartbeat: extend the node's leases; names the ones it lost."""
         ...
 
-    async def submit(self, req: SubmitRequest) -> SubmitReply:
+    async def submit(self, req: rec.SubmitRequest) -> rec.SubmitReply:
         """A task's samples (idempotent on ``(task_id, attempt)``)."""
         ...
 
-    async def fail(self, req: FailRequest) -> FailReply:
+    async def fail(self, req: rec.FailRequest) -> rec.FailReply:
         """A task that could not be completed."""
         ...
 
-    async def release(self, req: ReleaseRequest) -> ReleaseReply:
+    async def release(self, req: rec.ReleaseRequest) -> rec.ReleaseReply:
         """Hand leases back (graceful stop)."""
         ...
 

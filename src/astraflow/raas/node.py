@@ -29,6 +29,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import SecretStr
 
@@ -73,16 +74,10 @@ class _Running:
 class RolloutNode:
     """One rollout node. ``await node.run()`` serves until ``request_stop()`` (or a signal)."""
 
-    def __init__(
-        self,
-        config: NodeConfig,
-        *,
-        dataflow: TaskFeed | None = None,
-        weights: WeightFeed | None = None,
-    ) -> None:
+    def __init__(self, config: NodeConfig, dataflow: TaskFeed | None = None,
+                 weights: WeightFeed | None = None) -> None:  # fmt: skip
+        self._dataflow, self._weights = dataflow, weights
         self.config = config
-        self._dataflow = dataflow
-        self._weights = weights
         self.policies: dict[str, NodePolicy] = {}
         self.workflows: dict[str, Workflow] = {}
         self.tools: dict[str, Tool] = {}
@@ -224,14 +219,7 @@ class RolloutNode:
                 free = await self._coalesce()
             try:
                 reply = await self.dataflow.lease(
-                    LeaseRequest(
-                        node_id=cfg.node_id,
-                        pool=cfg.pool,
-                        capacity=free,
-                        workflows=sorted(self.workflows),
-                        versions=self._held(),
-                        stats=self.stats(),
-                    )
+                    LeaseRequest(capacity=free, workflows=sorted(self.workflows), **self._whoami())
                 )
             except Exception as exc:  # loop boundary: the dataflow may be down for a while
                 log.warning("lease failed node=%s error=%r", cfg.node_id, exc)
@@ -286,6 +274,12 @@ class RolloutNode:
     def _held(self) -> dict[str, int]:
         return held_versions(list(self.policies.values()))
 
+    def _whoami(self) -> dict[str, Any]:
+        """What every lease and heartbeat says about the node: id, pool, versions, stats."""
+        cfg = self.config
+        return {"node_id": cfg.node_id, "pool": cfg.pool, "versions": self._held(),
+                "stats": self.stats()}  # fmt: skip
+
     def _note_versions(self, versions: dict[str, PolicyVersion]) -> None:
         changed = False
         for name, announced in versions.items():
@@ -325,15 +319,7 @@ class RolloutNode:
             last = time.monotonic()
             leases = [LeaseRef(task_id=t, attempt=a) for t, a in self._running]
             try:
-                reply = await self.dataflow.renew(
-                    RenewRequest(
-                        node_id=cfg.node_id,
-                        pool=cfg.pool,
-                        leases=leases,
-                        versions=self._held(),
-                        stats=self.stats(),
-                    )
-                )
+                reply = await self.dataflow.renew(RenewRequest(leases=leases, **self._whoami()))
             except Exception as exc:  # loop boundary: try again next beat
                 log.warning("heartbeat failed node=%s error=%r", cfg.node_id, exc)
                 continue
