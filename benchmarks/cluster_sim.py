@@ -4,7 +4,7 @@ What is real and what is simulated:
   real       the dataflow service, the weight store, the trainer (a 0.4M Qwen3 trained with
              GRPO on every sample it gets), the rollout nodes (``RolloutNode``: leases,
              heartbeats, HTTP to the dataflow, weight refresh, the ``rlvr`` workflow)
-  SIMULATED  generation: each node's engine is ``raas/engines/simulated.py``, which runs no
+  SIMULATED  generation: each node's engine is ``benchmarks/simulated_engine.py``, which runs no
              model. A response of L tokens (L ~ lognormal(median, sigma), clipped) takes
              L * step_s(b) / speed seconds, b = sequences running on that node (continuous
              batching, up to 64 at once), and returns L random valid token ids. step_s(b) is
@@ -49,6 +49,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 POOLS = (("fast", 1.0), ("medium", 0.6), ("slow", 0.3))
+#: The engine of every simulated node, by path (benchmarks/ is on the import path here).
+SIMULATED = "simulated_engine:SimulatedEngine"
 MODEL: dict[str, Any] = {
     "model_type": "qwen3",
     "config": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
@@ -128,7 +130,7 @@ def run_config(args: argparse.Namespace, sigma: float, mode: str, run_dir: Path)
                                   "take_timeout_s": 60},
                         "publish_dtype": "float32", "checkpoint": {"every": 0},
                         "max_steps": args.steps},
-            "rollout": {"engine": {"type": "simulated"}},
+            "rollout": {"engine": {"type": SIMULATED}},
             "max_staleness": 1, "max_buffered": 2 * args.batch}},
         "sources": [{"name": "add1", "type": "generator",
                      "generator": {"type": "add1", "size": 100000}, "workflow": "rlvr",
@@ -153,7 +155,7 @@ def node_configs(
         name, speed = POOLS[i % len(POOLS)]
         pool = next(p for p in config.pools if p.name == name)
         engine = {
-            "type": "simulated", "speed": speed, "step_s": cal["step_s"],
+            "type": SIMULATED, "speed": speed, "step_s": cal["step_s"],
             "sync_s": cal["sync_s"], "max_batch_size": 64,
             "lengths": {"median": args.median, "sigma": sigma, "min_tokens": 1,
                         "max_tokens": args.max_tokens},
@@ -183,7 +185,7 @@ def host_main(path: str) -> int:
     from astraflow.workflows.registry import WORKFLOWS
     from astraflow.workflows.rewards import REWARDS
 
-    ENGINES.resolve("simulated"), WORKFLOWS.resolve("rlvr"), REWARDS.resolve("synthetic_exact")
+    ENGINES.resolve(SIMULATED), WORKFLOWS.resolve("rlvr"), REWARDS.resolve("synthetic_exact")
 
     async def main() -> None:
         nodes = [RolloutNode(NodeConfig.model_validate(c)) for c in configs]

@@ -208,7 +208,7 @@ def main() -> None:
         return
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from astraflow.models.pretrained import smollm2_dir
+    from smollm2 import smollm2_dir
 
     path = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(path)

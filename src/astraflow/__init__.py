@@ -2,7 +2,7 @@
 
 Rollout nodes (RaaS), the dataflow service and trainers are autonomous components that meet
 only at a data interface (``astraflow.dataflow.client``) and a weight interface
-(``astraflow.weights``). See DESIGN.md for the contract between them.
+(``astraflow.weights``); ``docs/interfaces.md`` pins that contract in code terms.
 """
 
 __version__ = "0.1.0"

@@ -8,13 +8,14 @@ listed, values are immutable, and each field's docstring is its ``--help`` text.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 import pydantic
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SecretStr
 
 from astraflow.errors import ConfigError
 
@@ -22,8 +23,10 @@ __all__ = [
     "ConfigModel",
     "apply_overrides",
     "dump_config",
+    "env_secret",
     "fields_of",
     "load_config",
+    "read_jsonl",
     "read_yaml",
 ]
 
@@ -40,6 +43,42 @@ def fields_of(model: BaseModel, part: type[BaseModel]) -> dict[str, Any]:
     """The values ``model`` holds for the fields of ``part`` (a base of its class), e.g. the
     settings a run-config section shares with the component config it becomes."""
     return {name: getattr(model, name) for name in part.model_fields}
+
+
+def env_secret(*names: str) -> Callable[[], SecretStr | None]:
+    """A field default: the secret in the first of the environment variables ``names`` that is
+    set (None: none is). Secrets are read here, once, when a config is built; components get
+    them as ``SecretStr`` fields (declared ``exclude=True``: never written to a config file)."""
+
+    def read() -> SecretStr | None:
+        value = next((v for n in names if (v := os.environ.get(n, ""))), "")
+        return SecretStr(value) if value else None
+
+    return read
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """The JSON objects of a JSONL data file a config names, with their line numbers (blank
+    lines skipped).
+
+    Raises ``ConfigError`` naming the file and line of the first line that is not an object.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"file not found: {p}")
+    rows: list[tuple[int, dict[str, Any]]] = []
+    with p.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{p}:{n}: not valid JSON: {exc}") from exc
+            if not isinstance(row, dict):
+                raise ConfigError(f"{p}:{n}: each line must be a JSON object")
+            rows.append((n, row))
+    return rows
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.dataflow.client import DataflowClient
+from astraflow.errors import ServiceUnavailableError
 from astraflow.launch.local import LocalRun, RunResult
 from fixtures.launch import (
     leased_tasks,
@@ -43,7 +44,10 @@ def test_pool_resize_and_node_crash_lose_no_task(tmp_path: Path) -> None:
     try:
 
         def version() -> int:
-            latest = client.versions().get("policy")
+            try:  # the launcher may still be starting the service on a loaded machine
+                latest = client.versions().get("policy")
+            except ServiceUnavailableError:
+                return -1
             return -1 if latest is None else latest.version
 
         wait_for(lambda: version() >= 5, 120, "training to start")

@@ -162,6 +162,6 @@ def test_ray_section_is_validated(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="Ray Client"):
         reduced_quickstart(tmp_path, "ray.address=ray://head:10001")
     config = reduced_quickstart(tmp_path, "ray.resources.node:local.num_gpus=1")
-    assert config.ray.actor_resources("node:local").num_gpus == 1
+    assert config.ray.actor_resources("node", "local").num_gpus == 1
     assert config.ray.actor_resources("trainer").num_cpus == 1  # the default
     assert config.ray.actor_resources("dataflow").num_cpus == 0

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
-from types import FrameType
 
-from astraflow.cli.options import add_common, init_logging
+from astraflow.cli.options import add_common, init_logging, stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,13 +28,6 @@ def _eval(args: argparse.Namespace) -> int:
     from astraflow.evaluation.runner import Evaluator
 
     config = load_config(EvalConfig, args.config, args.overrides)
-    stop = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-        signal.signal(signum, signal.SIG_DFL)
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
+    stop = stop_on_signals()
     Evaluator(config).run(stop)
     return 0

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
+from types import FrameType
 
 from astraflow.observability import LOG_LEVELS, setup_logging
 
@@ -40,3 +43,16 @@ def add_common(parser: argparse.ArgumentParser, *, config_required: bool = False
 def init_logging(args: argparse.Namespace, component: str) -> None:
     """Set up logging from the shared options (once per process)."""
     setup_logging(args.log_level, args.log_format, component=component)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event SIGTERM or SIGINT sets (a graceful stop); a second signal ends the process."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process at once
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
+    return stop

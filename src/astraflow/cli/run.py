@@ -8,14 +8,10 @@ command again resumes the run from its run directory.
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
-import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from astraflow.cli.options import add_common, init_logging
+from astraflow.cli.options import add_common, init_logging, stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,14 +61,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Path]:
 def _run(args: argparse.Namespace) -> int:
     init_logging(args, "run")
     config, base_dir = _load(args)
-    stop = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-        signal.signal(signum, signal.SIG_DFL)  # a second Ctrl-C ends the launcher at once
-
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+    stop = stop_on_signals()  # a second Ctrl-C ends the launcher at once
     from astraflow.cli.progress import RunView
 
     with RunView(config) as view:
@@ -86,7 +75,3 @@ def _run(args: argparse.Namespace) -> int:
             result = LocalRun(config, base_dir=base_dir, on_tick=view.update).run(stop)
     view.final(result)
     return 0 if result.ok else 1
-
-
-def _elapsed(seconds: float) -> str:
-    return time.strftime("%M:%S", time.gmtime(seconds))

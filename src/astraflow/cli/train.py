@@ -8,13 +8,11 @@ exit; a second Ctrl-C exits at once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
-import signal
-import threading
-from types import FrameType
 from typing import Any
 
-from astraflow.cli.options import add_common, init_logging
+from astraflow.cli.options import add_common, init_logging, stop_on_signals
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -28,15 +26,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     add_common(parser, config_required=True)
     parser.set_defaults(func=_train)
-
-
-def _stop_on_signals(stop: threading.Event) -> None:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-        signal.signal(signum, signal.SIG_DFL)  # a second signal ends the process at once
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, handler)
 
 
 class _Progress:
@@ -87,23 +76,14 @@ def _train(args: argparse.Namespace) -> int:
     if args.run_dir:
         overrides.append(f"run_dir={args.run_dir}")
     config = load_config(TrainerConfig, args.config, overrides)
-    stop = threading.Event()
-    _stop_on_signals(stop)
+    stop = stop_on_signals()
     progress = _Progress(config.max_steps)
     kwargs: dict[str, Any] = {"on_step": progress.update} if rank == 0 else {}
     trainer = Trainer(config, **kwargs)
     try:
         trainer.start()
-        with progress if rank == 0 else _Null():
+        with progress if rank == 0 else contextlib.nullcontext():
             trainer.run(stop)
     finally:
         trainer.close()
     return 0
-
-
-class _Null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from astraflow.config import read_jsonl
 from astraflow.data_algorithms.protocols import SourceView, TaskRef
 from astraflow.dataflow.config import SourceConfig
 from astraflow.errors import ConfigError
@@ -89,22 +90,6 @@ def _check_json(name: str, row: Mapping[str, Any]) -> None:
             ) from exc
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{n}: not valid JSON: {exc}") from exc
-            if not isinstance(row, dict):
-                raise ConfigError(f"{path}:{n}: each line must be a JSON object")
-            rows.append(row)
-    return rows
-
-
 def _read_parquet(path: Path) -> list[dict[str, Any]]:
     import pyarrow.parquet as pq
 
@@ -156,7 +141,7 @@ def load_source(config: SourceConfig, *, dataset: Any = None, seed: int = 0) -> 
     if dataset is not None:
         rows = dataset
     elif config.type == "jsonl":
-        rows = _read_jsonl(_existing(config))
+        rows = [row for _, row in read_jsonl(_existing(config))]
     elif config.type == "parquet":
         rows = _read_parquet(_existing(config))
     elif config.type == "hf":

@@ -308,10 +308,6 @@ class Store:
         self._db.executemany("DELETE FROM blobs WHERE gid = ?", [(g,) for g in gids])
         self._db.executemany("DELETE FROM groups WHERE gid = ?", [(g,) for g in gids])
 
-    def drop_blobs(self, gids: Sequence[int]) -> None:
-        """Delete the samples of acked groups (their rows stay for the record)."""
-        self._db.executemany("DELETE FROM blobs WHERE gid = ?", [(g,) for g in gids])
-
     # ------------------------------------------------------------------ batches
 
     def insert_batch(self, row: BatchRow) -> None:

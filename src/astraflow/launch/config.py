@@ -206,12 +206,13 @@ class RaySection(ConfigModel):
             )
         return self
 
-    def actor_resources(self, kind: str) -> ActorResources:
-        """Resources of a component of ``kind`` ('node:<pool>' falls back to 'node')."""
-        for key in (kind, kind.split(":", 1)[0]):
+    def actor_resources(self, kind: str, pool: str | None = None) -> ActorResources:
+        """Resources of a component of ``kind`` (a node's: its pool's 'node:<pool>' entry, else
+        'node')."""
+        for key in ([f"{kind}:{pool}"] if pool else []) + [kind]:
             if key in self.resources:
                 return self.resources[key]
-        return _DEFAULT_RESOURCES.get(kind.split(":", 1)[0], ActorResources())
+        return _DEFAULT_RESOURCES.get(kind, ActorResources())
 
 
 class RunConfig(ConfigModel):

@@ -71,7 +71,7 @@ class ComponentSpec:
     name: str
     """Unique in the run; also names its config file and its log."""
     kind: str
-    """'dataflow', 'weights', 'trainer', 'node:<pool>' or 'eval'."""
+    """'dataflow', 'weights', 'trainer', 'node' or 'eval' (``config.COMPONENT_KINDS``)."""
     command: tuple[str, ...]
     """The ``astraflow`` subcommand that runs it, e.g. ``("raas", "serve")``."""
     config: BaseModel | None = None
@@ -86,11 +86,8 @@ class ComponentSpec:
     """Restart in place after a crash (False: replaceable, the pool manager replaces it)."""
     max_restarts: int = 3
     """Restarts before the run fails."""
-
-    @property
-    def entry(self) -> str:
-        """The component kind without its pool: dataflow, weights, trainer, node, eval."""
-        return self.kind.split(":", 1)[0]
+    pool: str | None = None
+    """The rollout pool of a node."""
 
 
 class Launcher:
@@ -105,6 +102,7 @@ class Launcher:
         on_tick: Callable[[RunStatus], None] | None = None,
         tick_s: float = 1.0,
     ) -> None:
+        self._prepare()
         self.config = config
         self.base_dir = base_dir
         self.on_tick = on_tick
@@ -131,6 +129,9 @@ class Launcher:
 
     # ------------------------------------------------------------------ hosting (subclasses)
 
+    def _prepare(self) -> None:
+        """Set up what the subclass's hosting needs, before the plan is made."""
+
     def _component(self, spec: ComponentSpec) -> Component:
         """The (not yet started) component that runs ``spec``."""
         raise NotImplementedError
@@ -149,10 +150,10 @@ class Launcher:
         if spec.config is not None:
             dump_config(spec.config, self.plan.component_file(spec.name))
         tokens = self._tokens()
-        roles = _TOKEN_ROLES.get(spec.kind.split(":")[0], ())
+        roles = _TOKEN_ROLES.get(spec.kind, ())
         # secrets travel in the environment, never in the component config files
         secret_env = {ENV_TOKENS[r]: tokens[r] for r in roles if r in tokens}
-        secret_env |= self._weight_token_env(spec.kind.split(":")[0])
+        secret_env |= self._weight_token_env(spec.kind)
         spec = dataclasses.replace(spec, env={**spec.env, **secret_env})
         return self.group.add(self._component(spec))
 
@@ -209,8 +210,8 @@ class Launcher:
         cfg = node_config(self.plan, pool, weights=self.weights_url)
         self._start(
             ComponentSpec(
-                f"node-{cfg.node_id}", f"node:{pool.name}", ("raas", "serve"), cfg,
-                env=_threads_env(self.config.threads.get("node")), restart=False,
+                f"node-{cfg.node_id}", "node", ("raas", "serve"), cfg,
+                env=_threads_env(self.config.threads.get("node")), restart=False, pool=pool.name,
             )
         )  # fmt: skip
         return cfg.node_id
@@ -301,8 +302,7 @@ class Launcher:
     def shutdown(self) -> None:
         """Stop components in order: nodes, evaluators, trainers, weight server, dataflow."""
         self.pools.closing = True
-        nodes = [p for p in self.group.procs.values() if p.kind.startswith("node")]
-        self.group.stop(nodes, timeout_s=20)
+        self.group.stop(self.group.of_kind("node"), timeout_s=20)
         self.group.stop(self.group.of_kind("eval"), timeout_s=60)
         self.group.stop(self.group.of_kind("trainer"), timeout_s=60)
         self.group.stop(self.group.of_kind("weights"), timeout_s=10)
@@ -336,18 +336,8 @@ class Launcher:
 class LocalRun(Launcher):
     """A run on this machine: one process per component (``astraflow <component>``)."""
 
-    def __init__(
-        self,
-        config: RunConfig,
-        *,
-        base_dir: Path | None = None,
-        port: int | None = None,
-        on_tick: Callable[[RunStatus], None] | None = None,
-        tick_s: float = 1.0,
-        python: str = sys.executable,
-    ) -> None:
-        self.python = python
-        super().__init__(config, base_dir=base_dir, port=port, on_tick=on_tick, tick_s=tick_s)
+    python: str = sys.executable
+    """The Python that runs ``astraflow <component>``."""
 
     def _component(self, spec: ComponentSpec) -> Component:
         args = list(spec.command)

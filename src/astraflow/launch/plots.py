@@ -6,24 +6,11 @@ runs line up. Uses matplotlib's Agg backend (no display needed).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
+
+from astraflow.launch.status import JsonlTail
 
 __all__ = ["write_plots"]
-
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
 
 
 def write_plots(run_dir: Path) -> list[Path]:
@@ -33,8 +20,10 @@ def write_plots(run_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = {p.parent.name: _records(p) for p in sorted(run_dir.glob("trainers/*/metrics.jsonl"))}
-    evals = {p.stem: _records(p) for p in sorted(run_dir.glob("eval/*.jsonl"))}
+    metrics = {
+        p.parent.name: JsonlTail(p).read() for p in sorted(run_dir.glob("trainers/*/metrics.jsonl"))
+    }
+    evals = {p.stem: JsonlTail(p).read() for p in sorted(run_dir.glob("eval/*.jsonl"))}
     starts = [r[0]["time"] for r in metrics.values() if r and "time" in r[0]]
     starts += [r[0]["created_at"] for r in evals.values() if r and r[0].get("created_at")]
     t0 = min(starts) if starts else 0.0
@@ -60,7 +49,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     fig.savefig(reward_png, dpi=110)
     plt.close(fig)
 
-    reports = _records(run_dir / "report.jsonl")
+    reports = JsonlTail(run_dir / "report.jsonl").read()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     if reports:
         r0 = reports[0]["time"]

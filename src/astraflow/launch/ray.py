@@ -40,11 +40,10 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from astraflow.errors import AstraflowError, ConfigError
-from astraflow.launch.config import RaySection, RunConfig
+from astraflow.launch.config import RaySection
 from astraflow.launch.local import ComponentSpec, Launcher, RunResult
 from astraflow.launch.plan import make_plan
 from astraflow.launch.processes import Component, tail_file
-from astraflow.launch.status import RunStatus
 
 __all__ = ["ComponentActor", "RayComponent", "RayRun"]
 
@@ -164,7 +163,7 @@ class RayComponent:
 
     name: str
     kind: str
-    entry: str
+    """The component kind, which names its entry (``ENTRIES``)."""
     config: str
     """The component's config as JSON text."""
     options: dict[str, str]
@@ -216,7 +215,7 @@ class RayComponent:
             self.kill()
             self.actor = None
         self.place()
-        self._ref = self.actor.run.remote(self.entry, self.config, self.options)
+        self._ref = self.actor.run.remote(self.kind, self.config, self.options)
         self._code, self._error, self.exit_code = None, "", None
         log.info("started %s as a ray actor %s", self.name, self.actor_options)
 
@@ -296,16 +295,7 @@ class RayComponent:
 class RayRun(Launcher):
     """A run whose components are Ray actors; the same supervision as :class:`LocalRun`."""
 
-    def __init__(
-        self,
-        config: RunConfig,
-        *,
-        base_dir: Path | None = None,
-        port: int | None = None,
-        on_tick: Callable[[RunStatus], None] | None = None,
-        tick_s: float = 1.0,
-    ) -> None:
-        super().__init__(config, base_dir=base_dir, port=port, on_tick=on_tick, tick_s=tick_s)
+    def _prepare(self) -> None:
         self.machines = 1
         self.cwd = os.getcwd()
         self._placed: dict[str, RayComponent] = {}
@@ -356,7 +346,7 @@ class RayRun(Launcher):
         return comp
 
     def _host(self, spec: ComponentSpec) -> RayComponent:
-        res = self.config.ray.actor_resources(spec.kind)
+        res = self.config.ray.actor_resources(spec.kind, spec.pool)
         env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_PREFIX)}
         env.update(spec.env)
         options: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}
@@ -365,10 +355,10 @@ class RayRun(Launcher):
         if env:
             options["runtime_env"] = {"env_vars": env}
         return RayComponent(
-            spec.name, spec.kind, spec.entry,
+            spec.name, spec.kind,
             spec.config.model_dump_json() if spec.config is not None else "",
             dict(spec.options), options, self.plan.run_dir / "logs" / f"{spec.name}.log",
-            self.cwd, None if spec.entry == "node" else self.config.ray.place_timeout_s,
+            self.cwd, None if spec.kind == "node" else self.config.ray.place_timeout_s,
             restart=spec.restart, max_restarts=spec.max_restarts,
         )  # fmt: skip
 

@@ -7,9 +7,9 @@ import socket
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from astraflow.config import ConfigModel
+from astraflow.config import ConfigModel, env_secret
 from astraflow.models import ModelSpec
 from astraflow.plugins import ENGINE_SPEC, TOOL_SPEC, WORKFLOW_SPEC, NamedSpecs, PluginSpec
 from astraflow.records import NAME_PATTERN
@@ -105,6 +105,19 @@ class NodeConfig(NodeSettings):
     """Scratch directory (assets, engine files); default: a temporary directory."""
     seed: int = 0
     """Seed of workflow and engine RNGs."""
+    dataflow_token: SecretStr | None = Field(
+        default_factory=env_secret("ASTRAFLOW_NODE_TOKEN"), exclude=True, repr=False
+    )
+    """Bearer token for the dataflow service (default: env ASTRAFLOW_NODE_TOKEN; never dumped)."""
+    weights_token: SecretStr | None = Field(
+        default_factory=env_secret(
+            "ASTRAFLOW_WEIGHTS_READ_TOKEN", "ASTRAFLOW_WEIGHTS_PUBLISH_TOKEN"
+        ),
+        exclude=True,
+        repr=False,
+    )
+    """Bearer token for a weight server (default: env ASTRAFLOW_WEIGHTS_READ_TOKEN, else
+    ASTRAFLOW_WEIGHTS_PUBLISH_TOKEN; never dumped)."""
 
     @field_validator("policies")
     @classmethod

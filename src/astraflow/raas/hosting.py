@@ -21,6 +21,7 @@ from astraflow.errors import AstraflowError, ConfigError
 from astraflow.plugins import PluginSpec
 from astraflow.raas.config import NodeConfig, PolicyConfig
 from astraflow.raas.engines.base import EngineContext, build_engine
+from astraflow.raas.io import WeightFeed
 from astraflow.raas.policy import NodePolicy
 from astraflow.workflows.api import Tool, Workflow
 
@@ -58,7 +59,7 @@ async def _until_available(fn: Callable[[], T | None], what: str, stop: asyncio.
 async def host_policy(
     name: str,
     cfg: PolicyConfig,
-    weights: Any,
+    weights: WeightFeed,
     work_dir: Path,
     seed: int,
     stop: asyncio.Event,

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import tempfile
 import threading
 import time
@@ -32,8 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.hosting import build_tools, build_workflows, host_policy
+from astraflow.raas.io import TaskFeed, WeightFeed
 from astraflow.raas.policy import NodePolicy, held_versions
 from astraflow.raas.runner import TaskRunner
 from astraflow.raas.stats import NodeMeter, detect_hardware
@@ -58,6 +60,10 @@ DEFAULT_TTL_S = 30.0
 ERROR_BACKOFF_S = 1.0
 
 
+def _secret(value: SecretStr | None) -> str | None:
+    return None if value is None else value.get_secret_value()
+
+
 @dataclass
 class _Running:
     task: Task
@@ -68,10 +74,10 @@ class _Running:
 class RolloutNode:
     """One rollout node. ``await node.run()`` serves until ``request_stop()`` (or a signal)."""
 
-    def __init__(self, config: NodeConfig, *, dataflow: Any = None, weights: Any = None) -> None:
+    def __init__(self, config: NodeConfig, dataflow: TaskFeed | None = None,
+                 weights: WeightFeed | None = None) -> None:  # fmt: skip
+        self._dataflow, self._weights = dataflow, weights
         self.config = config
-        self._dataflow = dataflow
-        self._weights = weights
         self.policies: dict[str, NodePolicy] = {}
         self.workflows: dict[str, Workflow] = {}
         self.tools: dict[str, Tool] = {}
@@ -86,6 +92,18 @@ class RolloutNode:
         self._ttl_s = DEFAULT_TTL_S
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._runner: TaskRunner | None = None
+
+    @property
+    def dataflow(self) -> TaskFeed:
+        """The dataflow client (opened by :meth:`start`)."""
+        assert self._dataflow is not None, "start() first"
+        return self._dataflow
+
+    @property
+    def weights(self) -> WeightFeed:
+        """The weight client (opened by :meth:`start`)."""
+        assert self._weights is not None, "start() first"
+        return self._weights
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -112,16 +130,14 @@ class RolloutNode:
         if self._dataflow is None:
             from astraflow.dataflow.client import AsyncDataflowClient
 
-            token = os.environ.get("ASTRAFLOW_NODE_TOKEN") or None
             self._dataflow = AsyncDataflowClient(
-                cfg.dataflow_url, token=token, timeout_s=cfg.request_timeout_s
+                cfg.dataflow_url, token=_secret(cfg.dataflow_token), timeout_s=cfg.request_timeout_s
             )
         if self._weights is None:
             from astraflow.weights import WeightClient
-            from astraflow.weights.access import client_token
             from astraflow.weights.transfer import TransferOptions
 
-            options = TransferOptions(token=client_token())
+            options = TransferOptions(token=_secret(cfg.weights_token))
             self._weights = WeightClient(cfg.weights, options=options)
         if cfg.work_dir is not None:
             work = Path(cfg.work_dir)
@@ -170,7 +186,7 @@ class RolloutNode:
             await policy.close()
         if self._dataflow is not None:
             await self._dataflow.close()
-        if self._weights is not None and hasattr(self._weights, "close"):
+        if self._weights is not None:
             self._weights.close()
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -183,7 +199,6 @@ class RolloutNode:
         busy = {  # cumulative seconds each engine spent generating (its utilisation)
             f"busy_s.{name}": float(p.engine.metrics().get("busy_s", 0.0))
             for name, p in self.policies.items()
-            if hasattr(p.engine, "metrics")
         }
         return stats.model_copy(update={"extra": {**stats.extra, **busy}}) if busy else stats
 
@@ -203,15 +218,8 @@ class RolloutNode:
             if free < cfg.capacity:
                 free = await self._coalesce()
             try:
-                reply = await self._dataflow.lease(
-                    LeaseRequest(
-                        node_id=cfg.node_id,
-                        pool=cfg.pool,
-                        capacity=free,
-                        workflows=sorted(self.workflows),
-                        versions=self._held(),
-                        stats=self.stats(),
-                    )
+                reply = await self.dataflow.lease(
+                    LeaseRequest(capacity=free, workflows=sorted(self.workflows), **self._whoami())
                 )
             except Exception as exc:  # loop boundary: the dataflow may be down for a while
                 log.warning("lease failed node=%s error=%r", cfg.node_id, exc)
@@ -250,7 +258,7 @@ class RolloutNode:
                 continue
             if name in self._must_refresh:
                 try:
-                    if await policy.refresh(self._weights, latest):
+                    if await policy.refresh(self.weights, latest):
                         self.meter.refreshes += 1
                 except Exception as exc:  # boundary: keep serving, try again shortly
                     log.warning("refresh failed policy=%s want=%d error=%r", name, latest, exc)
@@ -265,6 +273,12 @@ class RolloutNode:
 
     def _held(self) -> dict[str, int]:
         return held_versions(list(self.policies.values()))
+
+    def _whoami(self) -> dict[str, Any]:
+        """What every lease and heartbeat says about the node: id, pool, versions, stats."""
+        cfg = self.config
+        return {"node_id": cfg.node_id, "pool": cfg.pool, "versions": self._held(),
+                "stats": self.stats()}  # fmt: skip
 
     def _note_versions(self, versions: dict[str, PolicyVersion]) -> None:
         changed = False
@@ -305,15 +319,7 @@ class RolloutNode:
             last = time.monotonic()
             leases = [LeaseRef(task_id=t, attempt=a) for t, a in self._running]
             try:
-                reply = await self._dataflow.renew(
-                    RenewRequest(
-                        node_id=cfg.node_id,
-                        pool=cfg.pool,
-                        leases=leases,
-                        versions=self._held(),
-                        stats=self.stats(),
-                    )
-                )
+                reply = await self.dataflow.renew(RenewRequest(leases=leases, **self._whoami()))
             except Exception as exc:  # loop boundary: try again next beat
                 log.warning("heartbeat failed node=%s error=%r", cfg.node_id, exc)
                 continue
@@ -338,7 +344,7 @@ class RolloutNode:
                 if policy.frozen or not eager or want <= policy.version:
                     continue
                 try:
-                    if await policy.refresh(self._weights, want):
+                    if await policy.refresh(self.weights, want):
                         self.meter.refreshes += 1
                 except Exception as exc:  # loop boundary: retried at the next announcement
                     log.warning("refresh failed policy=%s want=%d error=%r", name, want, exc)
@@ -358,7 +364,7 @@ class RolloutNode:
         if left:
             refs = [LeaseRef(task_id=r.task.task_id, attempt=r.task.attempt) for r in left]
             try:
-                reply = await self._dataflow.release(
+                reply = await self.dataflow.release(
                     ReleaseRequest(node_id=self.config.node_id, leases=refs)
                 )
                 log.info("released leases=%d requeued=%d", len(refs), reply.requeued)

@@ -18,6 +18,7 @@ from typing import Any
 
 from astraflow.errors import LeaseLostError, ValidationError, WorkflowError
 from astraflow.raas.config import NodeConfig
+from astraflow.raas.io import TaskFeed
 from astraflow.raas.policy import NodePolicy
 from astraflow.raas.stats import NodeMeter
 from astraflow.records import FailRequest, Sample, SubmitRequest, Task
@@ -34,7 +35,7 @@ class TaskRunner:
     def __init__(
         self,
         config: NodeConfig,
-        dataflow: Any,
+        dataflow: TaskFeed,
         policies: Mapping[str, NodePolicy],
         workflows: Mapping[str, Workflow],
         tools: Mapping[str, Tool],

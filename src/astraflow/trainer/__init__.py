@@ -1,4 +1,4 @@
-"""The trainer: consume batches of one policy, publish weight versions (DESIGN.md §4).
+"""The trainer: consume batches of one policy, publish weight versions.
 
 It meets the rest of the system only through the dataflow client (take, ack, announce) and
 the weight store (publish). ``TrainerConfig`` imports without torch; ``Trainer``,

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
-from astraflow.config import ConfigModel
+from astraflow.config import ConfigModel, env_secret
 from astraflow.models import ModelSpec
 from astraflow.records import Name
 from astraflow.weights.config import WeightStoreConfig
@@ -197,7 +197,12 @@ class TrainerConfig(TrainerSettings):
     model: ModelSpec
     """The model to train (pretrained or built from a config); trained in fp32 master weights."""
     dataflow_url: str = "http://127.0.0.1:8600"
-    """Base URL of the dataflow service (token from ASTRAFLOW_TRAINER_TOKEN)."""
+    """Base URL of the dataflow service."""
+    dataflow_token: SecretStr | None = Field(
+        default_factory=env_secret("ASTRAFLOW_TRAINER_TOKEN"), exclude=True, repr=False
+    )
+    """Bearer token for the dataflow service (default: env ASTRAFLOW_TRAINER_TOKEN; never
+    dumped)."""
     weights: str
     """Weight store root: a directory or an fsspec URL."""
     weights_options: WeightStoreConfig = Field(default_factory=WeightStoreConfig)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -85,8 +84,12 @@ def connect(config: TrainerConfig) -> tuple[BatchSource, WeightSink]:
     from astraflow.dataflow.client import DataflowClient
     from astraflow.weights import WeightStore
 
-    token = os.environ.get("ASTRAFLOW_TRAINER_TOKEN")
-    client = DataflowClient(config.dataflow_url, token=token, timeout_s=config.dataflow_timeout_s)
+    token = config.dataflow_token
+    client = DataflowClient(
+        config.dataflow_url,
+        token=None if token is None else token.get_secret_value(),
+        timeout_s=config.dataflow_timeout_s,
+    )
     store = WeightStore(config.weights, config=config.weights_options)
     return client, store
 

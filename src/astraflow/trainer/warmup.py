@@ -7,7 +7,6 @@ without special tokens, as workflows encode text (``Trajectory.add_text``).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from astraflow.config import read_jsonl
 from astraflow.errors import ConfigError
 from astraflow.records import Sample
 from astraflow.trainer.backends.base import TrainBackend
@@ -42,16 +42,8 @@ def load_pairs(path: str | Path) -> list[tuple[str, str]]:
     if not p.is_file():
         raise ConfigError(f"warmup.pairs: file not found: {p}")
     pairs = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{p}:{n}: not valid JSON: {exc}") from exc
-        if not isinstance(row, dict) or not all(
-            isinstance(row.get(k), str) for k in ("prompt", "completion")
-        ):
+    for n, row in read_jsonl(p):
+        if not all(isinstance(row.get(k), str) for k in ("prompt", "completion")):
             raise ConfigError(f"{p}:{n}: expected string fields 'prompt' and 'completion'")
         pairs.append((row["prompt"], row["completion"]))
     if not pairs:

@@ -46,7 +46,7 @@ from astraflow.weights.manifest import (
     version_dir,
 )
 from astraflow.weights.merge import compose_chain
-from astraflow.weights.tensors import SafetensorsFile, apply_delta, checksum, dtype_name
+from astraflow.weights.tensors import apply_delta, checksum, dtype_name
 from astraflow.weights.transfer import Source, TransferOptions, open_source
 
 __all__ = ["PullStats", "WeightClient"]
@@ -202,16 +202,6 @@ class WeightClient:
         logger.info("pulled policy=%s have=%s want=%d path=%s bytes=%d seconds=%.3f",
                     policy, have, target_version, plan.path, plan.bytes, stats.seconds)  # fmt: skip
         return stats
-
-    def pull_file(
-        self, policy: str, path: str | Path, have: int | None, want: int | None = None
-    ) -> PullStats:
-        """Like :meth:`pull`, on the tensors of a safetensors file on disk (updated in place)."""
-        mapped = SafetensorsFile(path)
-        try:
-            return self.pull(policy, mapped, have, want)
-        finally:
-            mapped.close()
 
     def close(self) -> None:
         """Release connections."""

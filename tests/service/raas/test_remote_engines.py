@@ -298,8 +298,7 @@ def _sglang_available() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not _sglang_available(),
-    reason="SGLang is CUDA-only (no CPU build; "
-    "shared/reference/feasibility.md section 7): needs sglang and a GPU",
+    reason="SGLang is CUDA-only (it has no CPU build): needs sglang and a GPU",
 )
 async def test_sglang_engine_against_a_real_server(tmp_path: Path, weight_root: Path) -> None:
     """A real SGLang server on a tiny model: tempered logprobs and a delta weight push."""

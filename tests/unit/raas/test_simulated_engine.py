@@ -15,9 +15,12 @@ import pytest
 
 from astraflow.errors import PluginError, ServiceUnavailableError, ValidationError
 from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
-from astraflow.raas.engines.simulated import SimulatedEngine, step_time
 from astraflow.workflows.length_tail import LengthDistribution
 from fixtures.models import tiny_spec
+from simulated_engine import SimulatedEngine, step_time
+
+#: The benchmark engine by path (pytest puts benchmarks/ on the import path).
+SIMULATED = "simulated_engine:SimulatedEngine"
 
 
 def _context(tmp_path: Path, *, model: bool = True, name: str = "a") -> EngineContext:
@@ -34,9 +37,7 @@ def _context(tmp_path: Path, *, model: bool = True, name: str = "a") -> EngineCo
 
 
 def _engine(tmp_path: Path, *, model: bool = True, name: str = "a", **config: Any) -> Any:
-    engine = build_engine(
-        {"type": "simulated", **config}, _context(tmp_path, model=model, name=name)
-    )
+    engine = build_engine({"type": SIMULATED, **config}, _context(tmp_path, model=model, name=name))
     assert isinstance(engine, SimulatedEngine)
     return engine
 
@@ -197,7 +198,7 @@ async def test_a_node_with_the_simulated_engine_serves_a_real_dataflow(tmp_path:
                     "policy": {
                         "model": spec.model_dump(),
                         "engine": {
-                            "type": "simulated",
+                            "type": SIMULATED,
                             "step_s": [[1, 0.001], [64, 0.002]],
                             "lengths": {"median": 8, "sigma": 1.0, "max_tokens": 40},
                             "speed": 0.5,

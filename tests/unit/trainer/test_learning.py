@@ -1,4 +1,4 @@
-"""The quickstart recipe learns (shared/reference/feasibility.md §3), with the trainer's own
+"""The quickstart recipe learns, with the trainer's own
 warm-up and update code in a plain in-process loop: noisy-label SFT on single-digit addition,
 then GRPO (16 prompts x 8 samples, lr 3e-4, betas (0.9, 0.99), clip 1.0, no KL). Sampling is a
 small seeded loop over the model's logits, recording behaviour logprobs like a rollout node."""

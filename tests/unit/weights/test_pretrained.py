@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.errors import ConfigError
-from astraflow.models.pretrained import smollm2_dir
+from smollm2 import smollm2_dir
 
 
 def test_missing_index_gives_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,7 +22,7 @@ def test_missing_index_gives_a_clear_error(tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.mark.slow
 def test_cached_model_loads_and_answers() -> None:
-    from astraflow.models.pretrained import _cache_root
+    from smollm2 import _cache_root
 
     if not (_cache_root(None) / "SmolLM2-135M-Instruct" / ".complete").is_file():
         pytest.skip("SmolLM2 not converted yet (93 MB download): run benchmarks/weight_delta.py")

@@ -14,7 +14,7 @@ import torch
 from astraflow.errors import ChecksumError, ConflictError, ValidationError
 from astraflow.weights import WeightClient, WeightStore, WeightStoreConfig
 from astraflow.weights.manifest import DELTA_FILE, FULL_FILE, MANIFEST_FILE
-from astraflow.weights.tensors import bits, checksum
+from astraflow.weights.tensors import SafetensorsFile, bits, checksum
 from fixtures.weights import adam_states
 
 State = dict[str, torch.Tensor]
@@ -208,7 +208,11 @@ def test_pull_into_a_safetensors_file_on_disk(tmp_path: Path) -> None:
         _publish_all(store, states)
     path = tmp_path / "model.safetensors"
     safetensors.torch.save_file(states[1], str(path))
-    WeightClient(tmp_path / "store").pull_file("p", path, have=1, want=3)
+    mapped = SafetensorsFile(path)  # the tensors of the file on disk, updated in place
+    try:
+        WeightClient(tmp_path / "store").pull("p", mapped, have=1, want=3)
+    finally:
+        mapped.close()
     assert _same(safetensors.torch.load_file(str(path)), states[3])
 
 

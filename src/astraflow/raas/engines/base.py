@@ -157,6 +157,10 @@ class Engine(Protocol):
         """Update the weights in place from the held version to ``want`` (between batches)."""
         ...
 
+    def metrics(self) -> dict[str, float]:
+        """Counters for the node's stats (``busy_s``: cumulative seconds spent generating)."""
+        ...
+
     async def close(self) -> None:
         """Abort pending requests and free the engine's thread, process and memory."""
         ...

@@ -4,6 +4,6 @@ Each adapter module imports its heavy backend (torch, vLLM) only where it needs 
 resolving ``openai`` never loads vLLM.
 """
 
-from astraflow.raas.engines import openai, sglang, simulated, transformers, vllm
+from astraflow.raas.engines import openai, sglang, transformers, vllm
 
-__all__ = ["openai", "sglang", "simulated", "transformers", "vllm"]
+__all__ = ["openai", "sglang", "transformers", "vllm"]

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import httpx
 import numpy as np
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 
 from astraflow.config import ConfigModel
 from astraflow.errors import ConfigError, ServiceUnavailableError, ValidationError
@@ -47,6 +47,8 @@ class RemoteEngine:
         self._slots = asyncio.Semaphore(max_concurrency)
         self._client: httpx.AsyncClient | None = None
         self._headers: dict[str, str] = {}
+        self._requests = self._in_flight = 0
+        self._busy_s, self._busy_since = 0.0, 0.0
 
     async def post(self, path: str, body: Mapping[str, Any]) -> Any:
         """POST JSON, return the decoded reply; errors name the server and the status."""
@@ -54,12 +56,15 @@ class RemoteEngine:
             self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self._headers)
         where = f"{self.url}{path}"
         async with self._slots:
+            self._busy(+1)
             try:
                 reply = await self._client.post(where, json=dict(body))
             except httpx.HTTPError as exc:
                 raise ServiceUnavailableError(
                     f"policy {self.policy!r}: {where} failed: {exc!r}"
                 ) from exc
+            finally:
+                self._busy(-1)
         if reply.status_code >= 500:
             raise ServiceUnavailableError(
                 f"policy {self.policy!r}: {where} answered {reply.status_code}: {reply.text[:300]}"
@@ -70,6 +75,20 @@ class RemoteEngine:
                 f"({reply.status_code}): {reply.text[:300]}"
             )
         return reply.json()
+
+    def _busy(self, change: int) -> None:
+        now = time.monotonic()
+        if change > 0:
+            self._requests += 1
+            if self._in_flight == 0:
+                self._busy_since = now
+        self._in_flight += change
+        if self._in_flight == 0:
+            self._busy_s += now - self._busy_since
+
+    def metrics(self) -> dict[str, float]:
+        """Requests sent and the seconds with one in flight (``busy_s``)."""
+        return {"requests": float(self._requests), "busy_s": self._busy_s}
 
     async def close(self) -> None:
         """Close the HTTP client."""
@@ -90,7 +109,9 @@ class OpenAIEngine(RemoteEngine):
         model: str
         """Model name sent with every request."""
         api_key_env: str | None = "OPENAI_API_KEY"
-        """Environment variable holding the API key (sent as a bearer token when set)."""
+        """Environment variable the API key is read from when the config is built."""
+        api_key: SecretStr | None = Field(default=None, exclude=True, repr=False)
+        """The API key, sent as a bearer token (default: from ``api_key_env``; never dumped)."""
         timeout_s: float = Field(default=300.0, gt=0)
         """Per-request timeout."""
         max_concurrency: int = Field(default=64, ge=1)
@@ -100,14 +121,23 @@ class OpenAIEngine(RemoteEngine):
         extra_body: dict[str, Any] = Field(default_factory=dict)
         """Additional request fields passed through unchanged."""
 
+        @model_validator(mode="before")
+        @classmethod
+        def _key_from_env(cls, data: Any) -> Any:
+            """Read the key from ``api_key_env`` once, here, unless it is given."""
+            if isinstance(data, Mapping) and data.get("api_key") is None:
+                env = data.get("api_key_env", "OPENAI_API_KEY")
+                if env and (value := os.environ.get(env)):
+                    return {**data, "api_key": value}
+            return data
+
     def __init__(self, config: OpenAIEngine.Config, context: EngineContext) -> None:
         base = config.url.rstrip("/").removesuffix("/v1")
         super().__init__(base, config.timeout_s, config.max_concurrency, context.policy)
         self.config = config
         self.context = context
-        key = os.environ.get(config.api_key_env) if config.api_key_env else None
-        if key:
-            self._headers["Authorization"] = f"Bearer {key}"
+        if config.api_key is not None:
+            self._headers["Authorization"] = f"Bearer {config.api_key.get_secret_value()}"
 
     @property
     def version(self) -> int:

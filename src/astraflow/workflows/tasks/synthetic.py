@@ -5,7 +5,7 @@ disjoint *by content* when ``holdout > 0``: a prompt belongs to the eval split e
 hash of its text falls below ``holdout``, and each split only keeps its own prompts. With
 ``holdout = 0`` the splits differ by seed stream only (disjoint ids, same distribution).
 
-The quickstart task ``add1`` (feasibility §3): prompt ``a+b=`` with single digits, answer
+The quickstart task ``add1``: prompt ``a+b=`` with single digits, answer
 ``str(a+b)``, reward ``synthetic_exact`` (the completion up to EOS equals the answer exactly).
 Its SFT warm-up pairs come from :func:`noisy_sft_pairs` (correct with probability p, else an
 answer drawn uniformly from the family's answers: 0-18 for ``add1``).
@@ -257,7 +257,7 @@ class NoisySFTConfig(ConfigModel):
     )
     """The synthetic generator whose rows are labelled."""
     correct_prob: float = Field(default=0.3, ge=0.0, le=1.0)
-    """Probability that a label is the right answer (feasibility §3: 0.3)."""
+    """Probability that a label is the right answer (0.3: the quickstart's noisy warm-up)."""
     seed: int = 0
     """Seed of the label noise."""
 

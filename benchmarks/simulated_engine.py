@@ -1,5 +1,7 @@
 """SIMULATION ONLY: an engine that runs no model. It waits a drawn generation time, then
-returns random valid tokens. For cluster-scale benchmarks on one machine, never for training.
+returns random valid tokens. For cluster-scale benchmarks on one machine, never for training:
+it is not a registered engine; a benchmark names it by path, ``simulated_engine:SimulatedEngine``
+(with ``benchmarks/`` on the import path).
 
 Each request gets a response length ``L`` (lognormal, clipped to the request's
 ``[min_new_tokens, max_new_tokens]``) and takes ``L * step_s(b) / speed`` seconds, where
@@ -33,7 +35,6 @@ from pydantic import Field, field_validator
 from astraflow.config import ConfigModel
 from astraflow.errors import ServiceUnavailableError
 from astraflow.raas.engines.base import (
-    ENGINES,
     EngineContext,
     EngineOutput,
     GenerationRequest,
@@ -62,7 +63,6 @@ def step_time(points: Sequence[tuple[int, float]], batch: int) -> float:
     return t0 + (t1 - t0) * (batch - b0) / (b1 - b0)
 
 
-@ENGINES.register("simulated")
 class SimulatedEngine:
     """SIMULATION: drawn generation times, random valid tokens (see the module docstring)."""
 
