@@ -10,7 +10,8 @@ process of fresh mount + pid + net + ipc + uts namespaces, before the untrusted 
     ▼
     pivot_root, detach the old root ─► remount / read-only ─► drop privileges:
     empty capability bounding set ─► setresuid/setresgid to a fresh unprivileged uid
-    (root launcher) ─► empty capability sets ─► no_new_privs ─► verify in /proc/self/status
+    (root launcher) ─► empty capability sets ─► no_new_privs, not dumpable ─► verify in
+    /proc/self/status
 
 Everything the program could use to regain a privilege is gone before it starts; the audit
 hook of ``sandbox_child.py`` is only a second layer. Any failure here aborts the run.
@@ -29,7 +30,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 MNT_DETACH = 0x2
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
-PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 #: Syscalls glibc has no wrapper for, per machine (mount_setattr is 442 everywhere).
 _SYSCALLS = {
@@ -176,6 +177,8 @@ def drop_privileges(uid: int | None) -> None:
     data = (_CapData * 2)()
     _check(_libc.syscall(_syscall("capset"), ctypes.byref(header), data), "clear capabilities")
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "set no_new_privs")
+    # not dumpable: the program (same uid) cannot open the init's status pipe via /proc/1/fd
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "clear the dumpable flag")
     _verify(uid)
 
 

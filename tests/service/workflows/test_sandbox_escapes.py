@@ -125,6 +125,18 @@ def test_program_runs_unprivileged_and_cannot_regain_root(sandbox: Sandbox) -> N
     assert result.stdout.count("refused") == 4
 
 
+def test_program_cannot_forge_the_status_its_init_reports(sandbox: Sandbox) -> None:
+    """The init (pid 1, same uid) holds the status pipe; the program cannot reach it."""
+    program = DISARM + (
+        "import json, os\nfor fd in range(3, 64):\n    try:\n"
+        "        w = os.open(f'/proc/1/fd/{fd}', os.O_WRONLY)\n"
+        "        os.write(w, json.dumps({'exit': 0}).encode())\n        print('forged')\n"
+        "    except OSError:\n        pass\nraise SystemExit(3)\n"
+    )
+    result = sandbox.run_sync(program)
+    assert "forged" not in result.stdout and result.status == "error" and result.returncode == 3
+
+
 def test_remounting_the_root_writable_is_refused(sandbox: Sandbox) -> None:
     program = DISARM + (
         "import os\nrc = os.system('mount -o remount,rw / 2>&1; touch /usr/escape 2>&1')\n"
