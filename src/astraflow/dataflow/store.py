@@ -13,13 +13,14 @@ into the database, so the writer never stalls on it.
     batches      batch_id → policy, gids, deadline, state (open|acked|expired)
     versions     (policy, version) → manifest
     round_tasks  task_id → round                 sync mode: which round a task belongs to
-    meta         plug-in states; counters; sync round; desired pool sizes    key → JSON
+    meta         plug-in states; counters; sync round; desired pool sizes; lease key  key → JSON
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -146,6 +147,8 @@ class Store:
         with self.transaction():
             if self.get_meta("schema") is None:
                 self.set_meta("schema", SCHEMA_VERSION)
+            if self.get_meta("lease_key") is None:  # signs lease secrets; kept across restarts
+                self.set_meta("lease_key", secrets.token_hex(32))
         self._stop = threading.Event()
         self._checkpointer = threading.Thread(
             target=self._checkpoint_loop, name="dataflow-checkpoint", daemon=True
