@@ -322,18 +322,32 @@ class Buffers:
         if old:
             self.store.delete_groups(old)
 
+    def _rebuffer(self, b: BatchRow, why: str) -> None:
+        """Close an open batch as expired and return its groups to the buffer."""
+        live = self.live[b.policy]
+        back = [g for g in b.fresh if g in live and live[g].batch_id == b.batch_id]
+        self.store.set_groups(back, "buffered", b.batch_id)
+        self.store.set_batch_state(b.batch_id, "expired")
+        for gid in back:
+            self._set_state(live[gid], "buffered")
+        del self.batches[b.batch_id]
+        log.info("batch %s, groups re-buffered batch=%s policy=%s trainer=%s groups=%d",
+                 why, b.batch_id, b.policy, b.trainer_id, len(back))  # fmt: skip
+
     def expire(self, now: float) -> set[str]:
         """Return the groups of batches past their ack deadline to the buffer."""
         policies: set[str] = set()
         for b in [b for b in self.batches.values() if b.deadline < now]:
-            live = self.live[b.policy]
-            back = [g for g in b.fresh if g in live and live[g].batch_id == b.batch_id]
-            self.store.set_groups(back, "buffered", b.batch_id)
-            self.store.set_batch_state(b.batch_id, "expired")
-            for gid in back:
-                self._set_state(live[gid], "buffered")
-            del self.batches[b.batch_id]
+            self._rebuffer(b, "expired")
             policies.add(b.policy)
-            log.info("batch expired, groups re-buffered batch=%s policy=%s groups=%d",
-                     b.batch_id, b.policy, len(back))  # fmt: skip
         return policies
+
+    def release(self, policy: str, trainer_id: str) -> int:
+        """The trainer takes again: it no longer holds its open batches of ``policy`` (it
+        restarted, or lost a reply), so they go back to the buffer now, not at their ack
+        deadline; returns how many. A trainer holds one batch at a time: take, step, ack."""
+        mine = [b for b in self.batches.values()
+                if b.policy == policy and b.trainer_id == trainer_id]  # fmt: skip
+        for b in mine:
+            self._rebuffer(b, "released (its trainer takes again)")
+        return len(mine)

@@ -305,7 +305,8 @@ class DataflowService:
         self.sweep()
         query = BatchQuery(req.policy, req.trainer_id, req.trainer_version, req.min_samples,
                            req.max_samples)  # fmt: skip
-        with self._change():
+        with self._change():  # a trainer that takes again holds no earlier batch: free it now
+            self.buffers.release(req.policy, req.trainer_id)
             taken = self.regulator.take(query, self.clock())
         if taken is None:
             return None

@@ -106,7 +106,7 @@ def test_round_trip_lease_submit_take_ack(tmp_path: Path, clock: Clock) -> None:
     batch = take(svc)
     assert batch is not None and len(batch.samples) == 2 and batch.trainer_version == 0
     assert {s.task_id for s in batch.samples} == {tasks[0].task_id}
-    assert take(svc) is None  # served, not acked: not served twice
+    assert take(svc, trainer_id="other") is None  # served, not acked: not served twice
     svc.ack(AckRequest(batch_id=batch.batch_id))
     svc.ack(AckRequest(batch_id=batch.batch_id))  # idempotent
     with pytest.raises(NotFoundError):
@@ -442,3 +442,30 @@ def test_mixing_and_source_weights_across_two_sources(tmp_path: Path, clock: Clo
     assert batch is not None
     served = [s.task_id.split("/")[0] for s in batch.samples]
     assert served.count("arith") == served.count("other") == 4  # sampler: 1 to 1
+
+
+def test_trainer_that_takes_again_frees_its_open_batch_at_once(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A trainer crashed holding a batch (never acked) and came back with the same id: its
+    batch goes back to the buffer at its next take, not after the ack timeout (600 s)."""
+    svc = service(tmp_path, clock)
+    tasks = lease(svc, capacity=2)
+    for t in tasks:
+        submit(svc, t)
+    held = take(svc, trainer_id="t1", max_samples=2)
+    assert held is not None
+    other = take(svc, trainer_id="t2", max_samples=2)  # another trainer's batch stays its own
+    assert other is not None
+    assert svc.report().policies["solver"].served_samples == 4
+    clock.advance(1)  # far below the ack timeout
+    again = take(svc, trainer_id="t1", max_samples=4, min_samples=2)
+    assert again is not None
+    assert {s.task_id for s in again.samples} == {s.task_id for s in held.samples}
+    pol = svc.report().policies["solver"]
+    assert (pol.served_samples, pol.buffered_samples) == (4, 0)  # counted once, not twice
+    svc.ack(AckRequest(batch_id=held.batch_id))  # the old batch's late ack retires nothing
+    svc.ack(AckRequest(batch_id=again.batch_id))
+    svc.ack(AckRequest(batch_id=other.batch_id))
+    pol = svc.report().policies["solver"]
+    assert (pol.acked_samples, pol.served_samples, pol.buffered_samples) == (4, 0, 0)
