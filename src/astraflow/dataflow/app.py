@@ -134,6 +134,7 @@ class _Routes:
         self.intake = BodyIntake(
             int(limits.max_body_mb * 1024 * 1024),
             int(limits.max_decoding_mb * 1024 * 1024),
+            limits.busy_wait_s,
             limits.busy_retry_after_s,
         )
 
@@ -148,7 +149,7 @@ class _Routes:
                     self.auth.check(request, role)
                 result = await fn(request)
             except AstraflowError as exc:
-                if status_for(exc) >= 500:
+                if status_for(exc) >= 500 and not isinstance(exc, ServiceBusyError):
                     log.error("request failed path=%s error=%s", request.url.path, exc)
                 return _error(exc)
             except Exception:  # the boundary of one request: answer 500, keep serving

@@ -25,7 +25,7 @@ from astraflow.dataflow.config import PolicyConfig
 from astraflow.dataflow.regulation import group_behaviour_version, staleness
 from astraflow.dataflow.store import BatchRow, GroupRow, Store
 from astraflow.errors import NotFoundError, PluginError, ValidationError
-from astraflow.records import PolicyReport, PolicyVersion, Sample, SubmitRequest, pack
+from astraflow.records import PolicyReport, PolicyVersion, Sample, SubmitRequest
 
 __all__ = ["Buffers", "encode_batch", "validate_samples"]
 
@@ -160,7 +160,10 @@ class Buffers:
             batch_id=None,
             times_served=0,
         )
-        row.gid = self.store.insert_group(row, b"".join(pack(s) for s in samples))
+        packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+        for s in samples:  # one buffer for the group, handed to SQLite without a copy
+            packer.pack(s.model_dump(mode="python"))
+        row.gid = self.store.insert_group(row, packer.getbuffer())
         self.live[policy][row.gid] = row
         self._enter(row)
         return row

@@ -198,8 +198,11 @@ class LimitsConfig(ConfigModel):
     """Longest long-poll a take may wait (the request's timeout_s is capped to it)."""
     max_decoding_mb: float = Field(default=128.0, gt=0)
     """Large bodies (over 64 kB) read, decoded and applied at once, in MB (JSON counts 4x);
-    a body beyond it is answered 503 with ``retry_after_s``. Bounds the service's memory."""
-    busy_retry_after_s: float = Field(default=0.2, gt=0, le=60)
+    a body beyond it waits (unread: TCP holds it back) up to ``busy_wait_s``, then is answered
+    503 with ``retry_after_s``. Bounds the service's memory."""
+    busy_wait_s: float = Field(default=2.0, ge=0, le=60)
+    """How long a large body waits for the decoding budget before its 503."""
+    busy_retry_after_s: float = Field(default=1.0, gt=0, le=60)
     """The ``retry_after_s`` a 503 for a body over ``max_decoding_mb`` names."""
 
     @model_validator(mode="after")

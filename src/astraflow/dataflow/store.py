@@ -255,7 +255,7 @@ class Store:
 
     # ------------------------------------------------------------------ groups
 
-    def insert_group(self, row: GroupRow, blob: bytes) -> int:
+    def insert_group(self, row: GroupRow, blob: bytes | memoryview) -> int:
         """Store a group and its samples; returns its gid."""
         values = (
             row.policy, row.group_id, row.task_id, row.source, row.num_samples, row.num_tokens,

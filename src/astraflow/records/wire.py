@@ -530,7 +530,7 @@ def pack(record: BaseModel) -> bytes:
     return data
 
 
-def unpack(cls: type[RecordT], data: bytes) -> RecordT:
+def unpack(cls: type[RecordT], data: bytes | bytearray) -> RecordT:
     """Decode and validate msgpack bytes as ``cls``; raise ``ValidationError`` naming the field."""
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
@@ -547,7 +547,7 @@ def parse(cls: type[RecordT], raw: Any) -> RecordT:
         raise validation_error(exc, cls.__name__) from exc
 
 
-def parse_json(cls: type[RecordT], data: bytes | str) -> RecordT:
+def parse_json(cls: type[RecordT], data: bytes | bytearray | str) -> RecordT:
     """Decode and validate JSON as ``cls``."""
     try:
         return cls.model_validate_json(data)
