@@ -16,6 +16,7 @@ import hmac
 import json
 import logging
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -30,7 +31,7 @@ from starlette.routing import Route
 from astraflow.dataflow.intake import BodyIntake
 from astraflow.dataflow.metrics import metrics_text
 from astraflow.dataflow.openapi import ENDPOINTS, openapi_document
-from astraflow.dataflow.runtime import ServiceRuntime
+from astraflow.dataflow.runtime import WRITER_TIMES, ServiceRuntime
 from astraflow.dataflow.service import DataflowService
 from astraflow.errors import (
     AstraflowError,
@@ -93,6 +94,16 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type=JSON_MEDIA_TYPE)
 
 
+def _server_timing(started: float, writer: list[tuple[float, float]] | None) -> str:
+    """``Server-Timing``: the handler's time, and its calls' wait for and time on the writer."""
+    wait = sum(w for w, _ in writer or ())
+    run = sum(r for _, r in writer or ())
+    total = time.perf_counter() - started
+    return (
+        f"app;dur={total * 1e3:.2f}, writer-wait;dur={wait * 1e3:.2f}, writer;dur={run * 1e3:.2f}"
+    )
+
+
 def _error(exc: AstraflowError) -> Response:
     response = _json(exc.to_wire(), status_for(exc))
     if isinstance(exc, ServiceBusyError):
@@ -144,6 +155,13 @@ class _Routes:
         """Wrap ``fn`` with auth and the error boundary of one request."""
 
         async def handle(request: Request) -> Response:
+            started, times = time.perf_counter(), WRITER_TIMES.set([])
+            response = await answer(request)
+            response.headers["server-timing"] = _server_timing(started, WRITER_TIMES.get())
+            WRITER_TIMES.reset(times)
+            return response
+
+        async def answer(request: Request) -> Response:
             try:
                 if not public:
                     self.auth.check(request, role)

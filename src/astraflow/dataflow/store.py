@@ -203,7 +203,8 @@ class Store:
     def insert_tasks(self, rows: Iterable[TaskRow]) -> None:
         """Store new task deliveries."""
         self._db.executemany(
-            "INSERT INTO tasks VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [astuple(r) for r in rows]
+            "INSERT INTO tasks VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [tuple(vars(r).values()) for r in rows],  # astuple deep-copies: 0.5 ms a lease
         )
 
     def update_task(self, row: TaskRow) -> None:
