@@ -110,6 +110,10 @@ def _array_validator(dtype: str) -> BeforeValidator:
             info = np.iinfo(target)
             if arr.min() < info.min or arr.max() > info.max:
                 raise ValueError(f"has a value outside the {dtype} range")
+        if target.kind == "f" and arr.size and arr.dtype != target:
+            finite = arr[np.isfinite(arr)]
+            if finite.size and float(np.abs(finite).max()) > float(np.finfo(target).max):
+                raise ValueError(f"has a value outside the {dtype} range")
         return arr.astype(dtype, copy=True)
 
     return BeforeValidator(convert)

@@ -98,6 +98,11 @@ CASES: dict[str, tuple[str, Callable[[Env], dict[str, Any]], str]] = {
     "submit nan in meta": ("/v1/submit", submit("samples.0.meta", {"a": [1.0, NAN]}), "meta"),
     "submit huge int in meta": ("/v1/submit", submit("samples.1.meta", {"n": HUGE}), "meta"),
     "submit huge attempt": ("/v1/submit", submit("attempt", HUGE), "attempt"),
+    "submit logprob beyond float32": (
+        "/v1/submit",
+        submit("samples.0.logprobs", [0.0] * 7 + [3.8e38]),
+        "logprobs",
+    ),
     "submit token id beyond int32": (
         "/v1/submit",
         submit("samples.0.token_ids", [1, 2, 2**33 + 3, 4, 5, 6, 7, 8]),
