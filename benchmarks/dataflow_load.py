@@ -11,6 +11,12 @@ SQLite inserts of the same blobs (WAL, one transaction per group). Target (issue
 
     .venv/bin/python benchmarks/dataflow_load.py            # 20 s, 4 nodes
     .venv/bin/python benchmarks/dataflow_load.py --quick    # 5 s
+    .venv/bin/python benchmarks/dataflow_load.py --nodes 256 --procs 8   # many-nodes mode
+
+Many-nodes mode (more nodes than processes: ``many_nodes.py``): each of ``--procs`` processes
+runs nodes / procs asyncio node loops (each with its own client, as a node does); it prints
+throughput, p50/p99 per route split by where the time went (``Server-Timing``), and the
+service's CPU. The baselines are skipped.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from astraflow.records import (
     TakeBatchRequest,
     pack,
 )
+from many_nodes import drive_many, print_many
 
 POLICY = "solver"
 
@@ -73,13 +80,13 @@ def template(group: int, tokens: int, vocab: int) -> dict[str, Any]:
         )
         for i in range(group)
     ]
-    req = SubmitRequest(node_id="n", task_id="t", attempt=0, samples=samples)
+    req = SubmitRequest(node_id="n", task_id="t", attempt=0, secret="0" * 32, samples=samples)
     raw: dict[str, Any] = msgpack.unpackb(pack(req))
     return raw
 
 
-def body_for(raw: dict[str, Any], node: str, task_id: str, attempt: int) -> bytes:
-    raw["node_id"], raw["task_id"], raw["attempt"] = node, task_id, attempt
+def body_for(raw: dict[str, Any], node: str, task_id: str, attempt: int, secret: str) -> bytes:
+    raw["node_id"], raw["task_id"], raw["attempt"], raw["secret"] = node, task_id, attempt, secret
     for s in raw["samples"]:
         s["task_id"] = s["group_id"] = task_id
     return bytes(msgpack.packb(raw, use_bin_type=True))
@@ -106,7 +113,7 @@ def node_worker(url: str, name: str, args: dict[str, Any], stop_at: float, out: 
                 time.sleep(min(0.05, reply.retry_after_s))
                 continue
             for task in reply.tasks:
-                body = body_for(raw, name, task.task_id, task.attempt)
+                body = body_for(raw, name, task.task_id, task.attempt, reply.secrets[task.task_id])
                 t0 = time.perf_counter()
                 r = http.post("/v1/submit", content=body, headers=headers)
                 lat["submit"].append((time.time(), time.perf_counter() - t0))
@@ -308,6 +315,10 @@ def dataflow_load(
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, "/v1/health", srv)
+        if args.procs < args.nodes:  # many-nodes mode: the window opens once all loops run
+            res, cpu, lo, hi = drive_many(url, srv.pid, args, shared, duration, warmup)
+            with DataflowClient(url) as c:
+                return res, cpu, c.report(), lo, hi
         start = time.time()
         lo, hi = start + warmup, start + warmup + duration
 
@@ -377,7 +388,10 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--nodes", type=int, default=4, help="rollout-node processes (default 4)")
+    p.add_argument("--nodes", type=int, default=4, help="rollout nodes (default 4)")
+    p.add_argument("--procs", type=int, default=0,
+                   help="node processes (default: one per node, at most 8); fewer processes "
+                        "than nodes runs the many-nodes mode")  # fmt: skip
     p.add_argument("--duration", type=float, default=20.0, help="seconds of load (default 20)")
     p.add_argument("--quick", action="store_true", help="5 s of load, shorter baselines")
     p.add_argument("--group", type=int, default=8, help="samples per submitted group (8)")
@@ -393,7 +407,11 @@ def main() -> None:
         return
     duration = 5.0 if args.quick else args.duration
     warmup = min(2.0, duration / 4)
-    body = body_for(template(args.group, args.tokens, args.vocab), "n", "t", 0)
+    args.procs = args.procs or min(args.nodes, 8)
+    if args.procs < args.nodes:
+        run_many(args, duration, warmup)
+        return
+    body = body_for(template(args.group, args.tokens, args.vocab), "n", "t", 0, "0" * 32)
     blob = b"".join(pack(s) for s in SubmitRequest.model_validate(msgpack.unpackb(body)).samples)
     print(f"dataflow load benchmark: {args.nodes} node processes, groups of {args.group} x "
           f"{args.tokens} tokens ({len(body) / 1e3:.0f} kB per submit), trainer batches of "
@@ -408,6 +426,18 @@ def main() -> None:
         rows.append(http_baseline(args, body, duration / 2))
         res, cpu, report, lo, hi = dataflow_load(args, tmp, duration, warmup)
     print_results(args, rows, res, cpu, report, lo, hi)
+
+
+def run_many(args: argparse.Namespace, duration: float, warmup: float) -> None:
+    """The many-nodes mode: no baselines; routes split by where their time went."""
+    loops = -(-args.nodes // args.procs)
+    print(f"dataflow load benchmark, many-nodes mode: {args.procs} node processes x {loops} "
+          f"node loops = {args.procs * loops} nodes, groups of {args.group} x {args.tokens} "
+          f"tokens, trainer batches of {args.batch}, {duration:.0f} s (+{warmup:.0f} s warm-up "
+          f"excluded), {os.cpu_count()} CPU cores")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="astraflow-bench-") as d:
+        res, cpu, _, lo, hi = dataflow_load(args, Path(d), duration, warmup)
+    print_many(args, res, cpu, lo, hi)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,15 @@ __all__ = [
     "ConfigError",
     "ConflictError",
     "ForbiddenError",
+    "LeaseForbiddenError",
     "LeaseLostError",
+    "MethodNotAllowedError",
     "NotFoundError",
     "PayloadTooLargeError",
     "PluginError",
     "RewardError",
     "SandboxError",
+    "ServiceBusyError",
     "ServiceUnavailableError",
     "StaleWeightsError",
     "TransferError",
@@ -104,6 +107,12 @@ class LeaseLostError(ConflictError):
     code = "lease_lost"
 
 
+class MethodNotAllowedError(NotFoundError):
+    """The path exists but does not take this HTTP method (HTTP 405, with ``Allow``)."""
+
+    code = "method_not_allowed"
+
+
 class StaleWeightsError(ConflictError):
     """A node's weights are too old for the work it asks for; it must refresh first."""
 
@@ -122,10 +131,34 @@ class ForbiddenError(AuthError):
     code = "forbidden"
 
 
+class LeaseForbiddenError(ForbiddenError):
+    """The request names a lease without its lease secret: only its holder may touch it."""
+
+    code = "lease_forbidden"
+
+
 class ServiceUnavailableError(AstraflowError, ConnectionError):
     """A service could not be reached or answered 5xx after all retries."""
 
     code = "unavailable"
+
+
+class ServiceBusyError(ServiceUnavailableError):
+    """The service is at a capacity limit now (HTTP 503); try again after ``retry_after_s``."""
+
+    code = "busy"
+
+    def __init__(
+        self, message: str, *, retry_after_s: float = 1.0, field: str | None = None
+    ) -> None:
+        super().__init__(message, field=field)
+        self.retry_after_s = retry_after_s
+
+    def to_wire(self) -> dict[str, Any]:
+        """The error body, with ``retry_after_s``."""
+        body = super().to_wire()
+        body["error"]["retry_after_s"] = self.retry_after_s
+        return body
 
 
 class TransferError(AstraflowError, ConnectionError):

@@ -4,15 +4,19 @@ Control messages are JSON; submissions are msgpack (JSON also accepted); batches
 msgpack. Every error is ``{"error": {"code", "message", "field"}}`` with its status from
 :data:`STATUS`. With any token configured, every route but ``/v1/health`` needs a bearer token
 whose role may call it (``admin`` may call everything). Bodies above the limit get 413 before
-they are read whole. No rule lives here: see ``service.py``.
+they are read whole; large bodies are decoded off the writer thread within a byte budget
+(``intake.py``: 503 with ``retry_after_s`` beyond it). A known path with another method gets
+405 with ``Allow``. Routes come from ``openapi.ENDPOINTS``, which ``GET /openapi.json``
+publishes. No rule lives here: see ``service.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -24,8 +28,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from astraflow.dataflow.intake import BodyIntake
 from astraflow.dataflow.metrics import metrics_text
-from astraflow.dataflow.runtime import ServiceRuntime
+from astraflow.dataflow.openapi import ENDPOINTS, openapi_document
+from astraflow.dataflow.runtime import WRITER_TIMES, ServiceRuntime
 from astraflow.dataflow.service import DataflowService
 from astraflow.errors import (
     AstraflowError,
@@ -33,8 +39,10 @@ from astraflow.errors import (
     ConfigError,
     ConflictError,
     ForbiddenError,
+    MethodNotAllowedError,
     NotFoundError,
     PayloadTooLargeError,
+    ServiceBusyError,
     ServiceUnavailableError,
     ValidationError,
 )
@@ -51,8 +59,6 @@ from astraflow.records import (
     Role,
     SubmitRequest,
     TakeBatchRequest,
-    parse_json,
-    unpack,
 )
 
 __all__ = ["STATUS", "create_app", "status_for"]
@@ -67,14 +73,12 @@ STATUS: dict[type[AstraflowError], int] = {
     AuthError: 401,
     ForbiddenError: 403,
     NotFoundError: 404,
+    MethodNotAllowedError: 405,
     ConflictError: 409,
     PayloadTooLargeError: 413,
     ConfigError: 500,
     ServiceUnavailableError: 503,
 }
-
-#: Bodies at or below this size are decoded on the event loop; larger ones in a thread.
-_INLINE_DECODE_BYTES = 64 * 1024
 
 
 def status_for(exc: AstraflowError) -> int:
@@ -90,8 +94,21 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type=JSON_MEDIA_TYPE)
 
 
+def _server_timing(started: float, writer: list[tuple[float, float]] | None) -> str:
+    """``Server-Timing``: the handler's time, and its calls' wait for and time on the writer."""
+    wait = sum(w for w, _ in writer or ())
+    run = sum(r for _, r in writer or ())
+    total = time.perf_counter() - started
+    return (
+        f"app;dur={total * 1e3:.2f}, writer-wait;dur={wait * 1e3:.2f}, writer;dur={run * 1e3:.2f}"
+    )
+
+
 def _error(exc: AstraflowError) -> Response:
-    return _json(exc.to_wire(), status_for(exc))
+    response = _json(exc.to_wire(), status_for(exc))
+    if isinstance(exc, ServiceBusyError):
+        response.headers["retry-after"] = str(max(1, math.ceil(exc.retry_after_s)))
+    return response
 
 
 class _Auth:
@@ -113,42 +130,6 @@ class _Auth:
         raise ForbiddenError(f"a {held[0]} token may not call {request.url.path} (needs {role})")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise ValidationError(f"bad Content-Length {declared!r}", field="content-length")
-        if int(declared) > limit:
-            raise PayloadTooLargeError(
-                f"request body of {declared} bytes exceeds the limit of {limit} bytes",
-                field="body",
-            )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(
-                f"request body exceeds the limit of {limit} bytes", field="body"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _decode(cls: type[RecordT], body: bytes, content_type: str) -> RecordT:
-    if not body:
-        raise ValidationError(f"empty body: expected a {cls.__name__}", field="body")
-    media = content_type.split(";")[0].strip().lower()
-    if media in (MSGPACK_MEDIA_TYPE, "application/x-msgpack"):
-        return unpack(cls, body)
-    if media in (JSON_MEDIA_TYPE, ""):
-        return parse_json(cls, body)
-    raise ValidationError(
-        f"unsupported Content-Type {media!r}: send {JSON_MEDIA_TYPE} or {MSGPACK_MEDIA_TYPE}",
-        field="content-type",
-    )
-
-
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -159,7 +140,14 @@ class _Routes:
         self.service = service
         self.runtime = ServiceRuntime(service)
         self.auth = _Auth(service.config.auth.tokens())
-        self.limit = int(service.config.limits.max_body_mb * 1024 * 1024)
+        self.document = openapi_document()
+        limits = service.config.limits
+        self.intake = BodyIntake(
+            int(limits.max_body_mb * 1024 * 1024),
+            int(limits.max_decoding_mb * 1024 * 1024),
+            limits.busy_wait_s,
+            limits.busy_retry_after_s,
+        )
 
     def endpoint(
         self, role: Role | None, fn: Callable[[Request], Awaitable[Any]], *, public: bool = False
@@ -167,12 +155,19 @@ class _Routes:
         """Wrap ``fn`` with auth and the error boundary of one request."""
 
         async def handle(request: Request) -> Response:
+            started, times = time.perf_counter(), WRITER_TIMES.set([])
+            response = await answer(request)
+            response.headers["server-timing"] = _server_timing(started, WRITER_TIMES.get())
+            WRITER_TIMES.reset(times)
+            return response
+
+        async def answer(request: Request) -> Response:
             try:
                 if not public:
                     self.auth.check(request, role)
                 result = await fn(request)
             except AstraflowError as exc:
-                if status_for(exc) >= 500:
+                if status_for(exc) >= 500 and not isinstance(exc, ServiceBusyError):
                     log.error("request failed path=%s error=%s", request.url.path, exc)
                 return _error(exc)
             except Exception:  # the boundary of one request: answer 500, keep serving
@@ -182,39 +177,27 @@ class _Routes:
 
         return handle
 
-    async def body(self, request: Request, cls: type[RecordT]) -> RecordT:
-        """Read (bounded) and decode the request body as ``cls``."""
-        data = await _read_body(request, self.limit)
-        ctype = request.headers.get("content-type", "")
-        if len(data) <= _INLINE_DECODE_BYTES:
-            return _decode(cls, data, ctype)
-        return await asyncio.to_thread(_decode, cls, data, ctype)
-
     def call(
         self, cls: type[RecordT], method: Callable[[RecordT], Any]
     ) -> Callable[[Request], Awaitable[Any]]:
-        """A handler that decodes ``cls`` and passes it to a service method."""
-
-        def decode_and_run(data: bytes, ctype: str) -> Any:
-            return method(_decode(cls, data, ctype))
+        """A handler that decodes ``cls`` (off the writer) and passes it to a service method
+        on the writer thread; a large body's budget is held until the method returns."""
 
         async def run(request: Request) -> Any:
-            data = await _read_body(request, self.limit)
-            ctype = request.headers.get("content-type", "")
-            if len(data) <= _INLINE_DECODE_BYTES:
-                return await self.runtime.call(method, _decode(cls, data, ctype))
-            # a large body is decoded on the writer thread too: one thread hop, not two
-            return await self.runtime.call(decode_and_run, data, ctype)
+            async with self.intake.record(cls, request) as record:
+                return await self.runtime.call(method, record)
 
         return run
 
     async def lease(self, request: Request) -> Any:
         """Lease tasks (held a while in sync mode when the round has none)."""
-        return await self.runtime.lease(await self.body(request, LeaseRequest))
+        async with self.intake.record(LeaseRequest, request) as req:
+            return await self.runtime.lease(req)
 
     async def take(self, request: Request) -> Response:
         """Long-poll for a batch: msgpack, or 204 when the wait timed out."""
-        got = await self.runtime.take_batch(await self.body(request, TakeBatchRequest))
+        async with self.intake.record(TakeBatchRequest, request) as req:
+            got = await self.runtime.take_batch(req)
         if got is None:
             return Response(status_code=204)
         batch_id, data, n = got
@@ -223,7 +206,7 @@ class _Routes:
 
     async def ack(self, request: Request) -> dict[str, Any]:
         """Ack a batch."""
-        await self.runtime.call(self.service.ack, await self.body(request, AckRequest))
+        await self.call(AckRequest, self.service.ack)(request)
         return {}
 
     async def health(self, request: Request) -> Any:
@@ -248,36 +231,58 @@ class _Routes:
         text = metrics_text(await self.runtime.call(self.service.report))
         return Response(text, media_type="text/plain; version=0.0.4")
 
+    async def openapi(self, request: Request) -> Any:
+        """The OpenAPI document of the ``/v1`` API."""
+        return self.document
+
+    def handlers(self) -> dict[str, Callable[[Request], Awaitable[Any]]]:
+        """Handler of each endpoint name in :data:`ENDPOINTS`."""
+        s, call = self.service, self.call
+        return {
+            "health": self.health, "lease": self.lease, "renew": call(RenewRequest, s.renew),
+            "submit": call(SubmitRequest, s.submit), "fail": call(FailRequest, s.fail),
+            "release": call(ReleaseRequest, s.release), "take": self.take, "ack": self.ack,
+            "announce": call(PolicyVersion, s.announce), "versions": self.versions,
+            "report": self.report, "pool_sizes": self.pool_sizes,
+            "set_pool_size": call(PoolSizeRequest, s.set_pool_size), "metrics": self.metrics,
+        }  # fmt: skip
+
     def routes(self) -> list[Route]:
-        """The ``/v1`` route table."""
-        s, ep, call = self.service, self.endpoint, self.call
-        post = ["POST"]
-        return [
-            Route("/v1/health", ep(None, self.health, public=True)),
-            Route("/v1/lease", ep("node", self.lease), methods=post),
-            Route("/v1/renew", ep("node", call(RenewRequest, s.renew)), methods=post),
-            Route("/v1/submit", ep("node", call(SubmitRequest, s.submit)), methods=post),
-            Route("/v1/fail", ep("node", call(FailRequest, s.fail)), methods=post),
-            Route("/v1/release", ep("node", call(ReleaseRequest, s.release)), methods=post),
-            Route("/v1/batches/take", ep("trainer", self.take), methods=post),
-            Route("/v1/batches/ack", ep("trainer", self.ack), methods=post),
-            Route("/v1/versions", ep("trainer", call(PolicyVersion, s.announce)), methods=post),
-            Route("/v1/versions", ep(None, self.versions), methods=["GET"]),
-            Route("/v1/report", ep(None, self.report), methods=["GET"]),
-            Route("/v1/admin/pools", ep("admin", self.pool_sizes), methods=["GET"]),
-            Route(
-                "/v1/admin/pools",
-                ep("admin", call(PoolSizeRequest, s.set_pool_size)),
-                methods=post,
-            ),
-            Route("/metrics", ep(None, self.metrics), methods=["GET"]),
-        ]
+        """The route table, built from :data:`ENDPOINTS` (and the public ``/openapi.json``)."""
+        fns = self.handlers()
+        routes = [
+            Route(ep.path, self.endpoint(ep.role, fns[ep.name], public=ep.public),
+                  methods=[ep.method])
+            for ep in ENDPOINTS
+        ]  # fmt: skip
+        routes.append(Route("/openapi.json", self.endpoint(None, self.openapi, public=True),
+                            methods=["GET"]))  # fmt: skip
+        return routes
 
 
-async def _no_route(request: Request, exc: Exception) -> Response:
-    code = exc.status_code if isinstance(exc, HTTPException) else 500
-    err = NotFoundError(f"no route {request.method} {request.url.path}")
-    return Response(json.dumps(err.to_wire()), status_code=code, media_type=JSON_MEDIA_TYPE)
+def _allowed(routes: list[Route], path: str) -> list[str]:
+    methods: set[str] = set()
+    for route in routes:
+        if route.path_regex.match(path) and route.methods:
+            methods |= route.methods
+    return sorted(methods)
+
+
+def _no_route(routes: list[Route]) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def handle(request: Request, exc: Exception) -> Response:
+        code = exc.status_code if isinstance(exc, HTTPException) else 500
+        err: AstraflowError = NotFoundError(f"no route {request.method} {request.url.path}")
+        headers: dict[str, str] = {}
+        if code == 405:
+            allowed = _allowed(routes, request.url.path)
+            headers["allow"] = ", ".join(allowed)
+            err = MethodNotAllowedError(
+                f"{request.url.path} does not take {request.method}; allowed: {', '.join(allowed)}"
+            )
+        body = json.dumps(err.to_wire())
+        return Response(body, status_code=code, media_type=JSON_MEDIA_TYPE, headers=headers)
+
+    return handle
 
 
 def create_app(service: DataflowService, *, owns_service: bool = False) -> Starlette:
@@ -294,6 +299,7 @@ def create_app(service: DataflowService, *, owns_service: bool = False) -> Starl
             if owns_service:
                 service.close()
 
+    routes = handlers.routes()
     return Starlette(
-        routes=handlers.routes(), lifespan=lifespan, exception_handlers={HTTPException: _no_route}
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _no_route(routes)}
     )

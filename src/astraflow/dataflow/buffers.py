@@ -13,6 +13,7 @@ retires the groups of it that were not served again, so no step trains twice on 
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import uuid
 from collections import Counter, OrderedDict
@@ -25,7 +26,7 @@ from astraflow.dataflow.config import PolicyConfig
 from astraflow.dataflow.regulation import group_behaviour_version, staleness
 from astraflow.dataflow.store import BatchRow, GroupRow, Store
 from astraflow.errors import NotFoundError, PluginError, ValidationError
-from astraflow.records import PolicyReport, PolicyVersion, Sample, SubmitRequest, pack
+from astraflow.records import PolicyReport, PolicyVersion, Sample, SubmitRequest
 
 __all__ = ["Buffers", "encode_batch", "validate_samples"]
 
@@ -144,6 +145,8 @@ class Buffers:
     def add(self, policy: str, samples: Sequence[Sample], source: str, now: float) -> GroupRow:
         """Buffer one group."""
         rewards = [s.reward for s in samples]
+        mean = statistics.fmean(rewards)  # floats: statistics.pstdev's exact fractions cost
+        # ~1 ms a submit on the writer thread, the service's throughput bound
         row = GroupRow(
             gid=0,
             policy=policy,
@@ -153,14 +156,17 @@ class Buffers:
             num_samples=len(samples),
             num_tokens=sum(s.num_tokens for s in samples),
             behaviour_version=group_behaviour_version(samples),
-            reward_mean=statistics.fmean(rewards),
-            reward_std=statistics.pstdev(rewards),
+            reward_mean=mean,
+            reward_std=math.sqrt(statistics.fmean((r - mean) ** 2 for r in rewards)),
             created_at=now,
             state="buffered",
             batch_id=None,
             times_served=0,
         )
-        row.gid = self.store.insert_group(row, b"".join(pack(s) for s in samples))
+        packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+        for s in samples:  # one buffer for the group, handed to SQLite without a copy
+            packer.pack(s.model_dump(mode="python"))
+        row.gid = self.store.insert_group(row, packer.getbuffer())
         self.live[policy][row.gid] = row
         self._enter(row)
         return row
@@ -322,18 +328,32 @@ class Buffers:
         if old:
             self.store.delete_groups(old)
 
+    def _rebuffer(self, b: BatchRow, why: str) -> None:
+        """Close an open batch as expired and return its groups to the buffer."""
+        live = self.live[b.policy]
+        back = [g for g in b.fresh if g in live and live[g].batch_id == b.batch_id]
+        self.store.set_groups(back, "buffered", b.batch_id)
+        self.store.set_batch_state(b.batch_id, "expired")
+        for gid in back:
+            self._set_state(live[gid], "buffered")
+        del self.batches[b.batch_id]
+        log.info("batch %s, groups re-buffered batch=%s policy=%s trainer=%s groups=%d",
+                 why, b.batch_id, b.policy, b.trainer_id, len(back))  # fmt: skip
+
     def expire(self, now: float) -> set[str]:
         """Return the groups of batches past their ack deadline to the buffer."""
         policies: set[str] = set()
         for b in [b for b in self.batches.values() if b.deadline < now]:
-            live = self.live[b.policy]
-            back = [g for g in b.fresh if g in live and live[g].batch_id == b.batch_id]
-            self.store.set_groups(back, "buffered", b.batch_id)
-            self.store.set_batch_state(b.batch_id, "expired")
-            for gid in back:
-                self._set_state(live[gid], "buffered")
-            del self.batches[b.batch_id]
+            self._rebuffer(b, "expired")
             policies.add(b.policy)
-            log.info("batch expired, groups re-buffered batch=%s policy=%s groups=%d",
-                     b.batch_id, b.policy, len(back))  # fmt: skip
         return policies
+
+    def release(self, policy: str, trainer_id: str) -> int:
+        """The trainer takes again: it no longer holds its open batches of ``policy`` (it
+        restarted, or lost a reply), so they go back to the buffer now, not at their ack
+        deadline; returns how many. A trainer holds one batch at a time: take, step, ack."""
+        mine = [b for b in self.batches.values()
+                if b.policy == policy and b.trainer_id == trainer_id]  # fmt: skip
+        for b in mine:
+            self._rebuffer(b, "released (its trainer takes again)")
+        return len(mine)

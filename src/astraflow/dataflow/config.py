@@ -196,6 +196,23 @@ class LimitsConfig(ConfigModel):
     """Larger request bodies are refused with 413 before they are read."""
     max_take_timeout_s: float = Field(default=120.0, gt=0)
     """Longest long-poll a take may wait (the request's timeout_s is capped to it)."""
+    max_decoding_mb: float = Field(default=128.0, gt=0)
+    """Large bodies (over 64 kB) read, decoded and applied at once, in MB (JSON counts 4x);
+    a body beyond it waits (unread: TCP holds it back) up to ``busy_wait_s``, then is answered
+    503 with ``retry_after_s``. Bounds the service's memory."""
+    busy_wait_s: float = Field(default=2.0, ge=0, le=60)
+    """How long a large body waits for the decoding budget before its 503."""
+    busy_retry_after_s: float = Field(default=1.0, gt=0, le=60)
+    """The ``retry_after_s`` a 503 for a body over ``max_decoding_mb`` names."""
+
+    @model_validator(mode="after")
+    def _cap_holds_a_body(self) -> LimitsConfig:
+        if self.max_decoding_mb < self.max_body_mb:
+            raise ValueError(
+                f"max_decoding_mb ({self.max_decoding_mb}) must be at least max_body_mb "
+                f"({self.max_body_mb}): a body of the largest size could never be decoded"
+            )
+        return self
 
 
 class DataflowConfig(ConfigModel):

@@ -16,17 +16,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
 from typing import TypeVar
 
 from astraflow.dataflow.rounds import BLOCKED
 from astraflow.dataflow.service import DataflowService, TakenBatch
 from astraflow.records import LeaseReply, LeaseRequest, TakeBatchRequest
 
-__all__ = ["ServiceRuntime"]
+__all__ = ["WRITER_TIMES", "ServiceRuntime"]
 
 log = logging.getLogger(__name__)
+
+WRITER_TIMES: ContextVar[list[tuple[float, float]] | None] = ContextVar(
+    "writer_times", default=None
+)
+"""Per request (set by the app): (seconds queued for, seconds run on) the writer per call."""
 
 R = TypeVar("R")
 
@@ -80,9 +87,22 @@ class ServiceRuntime:
         await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
 
     async def call(self, fn: Callable[..., R], *args: object) -> R:
-        """Run a service method on the writer thread."""
+        """Run a service method on the writer thread (timed into :data:`WRITER_TIMES`)."""
         loop = self._loop or asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, fn, *args)
+        queued = time.perf_counter()
+        began = 0.0
+
+        def run() -> R:
+            nonlocal began
+            began = time.perf_counter()
+            return fn(*args)
+
+        try:
+            return await loop.run_in_executor(self._executor, run)
+        finally:
+            times = WRITER_TIMES.get()
+            if times is not None and began:
+                times.append((began - queued, time.perf_counter() - began))
 
     def _event(self, policy: str) -> asyncio.Event:
         ev = self._events.get(policy)

@@ -217,6 +217,9 @@ class DataflowService:
             refresh=plan.refresh,
             reason=reason,
             retry_after_s=0.0 if tasks else self.config.lease.retry_after_s,
+            secrets={
+                t.task_id: self.queue.secret(req.node_id, t.task_id, t.attempt) for t in tasks
+            },
         )
 
     def renew(self, req: RenewRequest) -> RenewReply:
@@ -233,6 +236,7 @@ class DataflowService:
         """Store a task's trajectories once (idempotent on ``(task_id, attempt)``)."""
         validate_samples(req, self.config.policies)
         with self._lock:
+            self.queue.authorize(req.node_id, req.task_id, req.attempt, req.secret)
             prior = self.store.get_submission(req.task_id, req.attempt)
             if prior is not None:
                 first = SubmitReply.model_validate_json(prior)
@@ -271,7 +275,7 @@ class DataflowService:
     def fail(self, req: FailRequest) -> FailReply:
         """Count a failed attempt: re-queue it, or fail the task after ``max_attempts``."""
         with self._lock:
-            ot = self.queue.current(req.node_id, req.task_id, req.attempt)  # checked first
+            ot = self.queue.current(req.node_id, req.task_id, req.attempt, req.secret)  # first
             pool = ot.row.pool or "default"
             with self._change():
                 requeued = self.queue.fail(ot, req.error, req.retryable, self.clock())
@@ -301,7 +305,8 @@ class DataflowService:
         self.sweep()
         query = BatchQuery(req.policy, req.trainer_id, req.trainer_version, req.min_samples,
                            req.max_samples)  # fmt: skip
-        with self._change():
+        with self._change():  # a trainer that takes again holds no earlier batch: free it now
+            self.buffers.release(req.policy, req.trainer_id)
             taken = self.regulator.take(query, self.clock())
         if taken is None:
             return None

@@ -13,13 +13,14 @@ into the database, so the writer never stalls on it.
     batches      batch_id → policy, gids, deadline, state (open|acked|expired)
     versions     (policy, version) → manifest
     round_tasks  task_id → round                 sync mode: which round a task belongs to
-    meta         plug-in states; counters; sync round; desired pool sizes    key → JSON
+    meta         plug-in states; counters; sync round; desired pool sizes; lease key  key → JSON
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -146,6 +147,8 @@ class Store:
         with self.transaction():
             if self.get_meta("schema") is None:
                 self.set_meta("schema", SCHEMA_VERSION)
+            if self.get_meta("lease_key") is None:  # signs lease secrets; kept across restarts
+                self.set_meta("lease_key", secrets.token_hex(32))
         self._stop = threading.Event()
         self._checkpointer = threading.Thread(
             target=self._checkpoint_loop, name="dataflow-checkpoint", daemon=True
@@ -200,7 +203,8 @@ class Store:
     def insert_tasks(self, rows: Iterable[TaskRow]) -> None:
         """Store new task deliveries."""
         self._db.executemany(
-            "INSERT INTO tasks VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", [astuple(r) for r in rows]
+            "INSERT INTO tasks VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [tuple(vars(r).values()) for r in rows],  # astuple deep-copies: 0.5 ms a lease
         )
 
     def update_task(self, row: TaskRow) -> None:
@@ -252,7 +256,7 @@ class Store:
 
     # ------------------------------------------------------------------ groups
 
-    def insert_group(self, row: GroupRow, blob: bytes) -> int:
+    def insert_group(self, row: GroupRow, blob: bytes | memoryview) -> int:
         """Store a group and its samples; returns its gid."""
         values = (
             row.policy, row.group_id, row.task_id, row.source, row.num_samples, row.num_tokens,

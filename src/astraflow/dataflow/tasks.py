@@ -11,10 +11,19 @@ expired and the task was re-queued or re-leased) is still accepted while no one 
 the task: the work is valid and the newer lease simply becomes lost. Once a task is done or
 failed, every other attempt is refused with ``lease_lost``. Methods here write through the
 store inside the caller's transaction; memory follows the store (reloaded after a failure).
+
+Leases are bound to their holder: each grant comes with a lease secret, an HMAC of
+``(node_id, task_id, attempt)`` under the run's lease key (stored in ``meta``, so secrets
+survive a restart). Renew, submit, fail and release must present it; node ids are public
+(the report lists them), secrets are not, so a node can touch only the leases it was granted.
+An attempt that was never granted (beyond the latest, or the latest while it is pending) is
+unknown: 404.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,7 +33,7 @@ from astraflow.data_algorithms.protocols import TaskSelector
 from astraflow.dataflow.config import LeaseConfig, SourceConfig
 from astraflow.dataflow.sources import Catalog
 from astraflow.dataflow.store import Store, TaskRow
-from astraflow.errors import LeaseLostError, NotFoundError
+from astraflow.errors import LeaseForbiddenError, LeaseLostError, NotFoundError
 from astraflow.records import LeaseRef, Task
 
 __all__ = ["OpenTask", "TaskQueue"]
@@ -55,7 +64,39 @@ class TaskQueue:
         self.catalog = catalog
         self.selector = selector
         self.config = config
+        self._key = bytes.fromhex(str(store.get_meta("lease_key")))
         self.load()
+
+    # ------------------------------------------------------------------ lease secrets
+
+    def secret(self, node_id: str, task_id: str, attempt: int) -> str:
+        """The lease secret of granting ``(task_id, attempt)`` to ``node_id``."""
+        msg = f"{node_id}\0{task_id}\0{attempt}".encode()
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()[:32]
+
+    def holds(self, node_id: str, task_id: str, attempt: int, secret: str) -> bool:
+        """Whether ``secret`` proves ``(task_id, attempt)`` was granted to ``node_id``."""
+        return hmac.compare_digest(self.secret(node_id, task_id, attempt), secret)
+
+    def authorize(self, node_id: str, task_id: str, attempt: int, secret: str) -> None:
+        """Refuse a request on a delivery that was never granted (404), or that names a
+        delivery without its secret (403); changes nothing."""
+        ot = self.open.get(task_id)
+        row = ot.row if ot is not None else self.store.get_task(task_id)
+        if row is None:
+            raise NotFoundError(f"unknown task {task_id!r}", field="task_id")
+        if attempt > row.attempt or (attempt == row.attempt and row.state == "pending"):
+            raise NotFoundError(
+                f"task {task_id!r} attempt {attempt} was never granted (the task is at attempt "
+                f"{row.attempt}, {row.state})",
+                field="attempt",
+            )
+        if not self.holds(node_id, task_id, attempt, secret):
+            raise LeaseForbiddenError(
+                f"wrong lease secret for task {task_id!r} attempt {attempt} of node "
+                f"{node_id!r}: only the node granted a lease may use it",
+                field="secret",
+            )
 
     def load(self) -> None:
         """Rebuild memory from the store (start-up, or after a failed transaction)."""
@@ -207,6 +248,7 @@ class TaskQueue:
                 or r.node_id != node_id
                 or r.attempt != ref.attempt
                 or (r.deadline or 0.0) < now
+                or not self.holds(node_id, ref.task_id, ref.attempt, ref.secret)
             ):
                 lost.append(ref)
             else:
@@ -257,8 +299,10 @@ class TaskQueue:
         """Mark the task done."""
         self._close(ot, "done")
 
-    def current(self, node_id: str, task_id: str, attempt: int) -> OpenTask:
-        """The node's live lease ``(task_id, attempt)``; raises ``LeaseLostError`` otherwise."""
+    def current(self, node_id: str, task_id: str, attempt: int, secret: str) -> OpenTask:
+        """The node's live lease ``(task_id, attempt)``; raises ``LeaseLostError`` otherwise
+        (``LeaseForbiddenError``: the secret does not prove it was granted to the node)."""
+        self.authorize(node_id, task_id, attempt, secret)
         ot = self.open.get(task_id)
         if ot is None or ot.row.attempt != attempt or ot.row.state != "leased":
             raise LeaseLostError(
@@ -292,6 +336,7 @@ class TaskQueue:
                 and ot.row.state == "leased"
                 and ot.row.node_id == node_id
                 and ot.row.attempt == ref.attempt
+                and self.holds(node_id, ref.task_id, ref.attempt, ref.secret)
             ):
                 self.requeue(ot, now)
                 n += 1

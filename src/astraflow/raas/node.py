@@ -67,8 +67,13 @@ def _secret(value: SecretStr | None) -> str | None:
 @dataclass
 class _Running:
     task: Task
+    secret: str
+    """The lease secret: renew, submit, fail and release of this delivery present it."""
     runner: asyncio.Task[None]
     started: float
+
+    def ref(self) -> LeaseRef:
+        return LeaseRef(task_id=self.task.task_id, attempt=self.task.attempt, secret=self.secret)
 
 
 class RolloutNode:
@@ -231,7 +236,11 @@ class RolloutNode:
                 log.info("dataflow asks to refresh policy=%s reason=%r", policy, reason)
                 self._must_refresh.add(policy)
             for task in reply.tasks:
-                self._start(task)
+                secret = reply.secrets.get(task.task_id)
+                if secret is None:  # cannot be renewed or submitted: let the lease expire
+                    log.warning("lease without a secret task=%s: not run", task.task_id)
+                    continue
+                self._start(task, secret)
             if not reply.tasks:  # short when a refresh is due: it runs before the next lease
                 wait = reply.retry_after_s or cfg.idle_wait_s
                 await self._pause(min(wait, ERROR_BACKOFF_S / 20) if reply.refresh else wait)
@@ -291,13 +300,13 @@ class RolloutNode:
 
     # ----------------------------------------------------------------- task runners
 
-    def _start(self, task: Task) -> None:
+    def _start(self, task: Task, secret: str) -> None:
         key = (task.task_id, task.attempt)
         if key in self._running:
             return
         assert self._runner is not None, "start() first"
-        runner = asyncio.create_task(self._runner.run(task), name=f"task:{task.task_id}")
-        self._running[key] = _Running(task, runner, time.monotonic())
+        runner = asyncio.create_task(self._runner.run(task, secret), name=f"task:{task.task_id}")
+        self._running[key] = _Running(task, secret, runner, time.monotonic())
         runner.add_done_callback(lambda _: self._finished(key))
 
     def _finished(self, key: tuple[str, int]) -> None:
@@ -317,7 +326,7 @@ class RolloutNode:
                     await asyncio.wait_for(self._ttl_changed.wait(), wait)
                 continue
             last = time.monotonic()
-            leases = [LeaseRef(task_id=t, attempt=a) for t, a in self._running]
+            leases = [r.ref() for r in self._running.values()]
             try:
                 reply = await self.dataflow.renew(RenewRequest(leases=leases, **self._whoami()))
             except Exception as exc:  # loop boundary: try again next beat
@@ -362,7 +371,7 @@ class RolloutNode:
             running.runner.cancel()
         await asyncio.gather(*(r.runner for r in left), return_exceptions=True)
         if left:
-            refs = [LeaseRef(task_id=r.task.task_id, attempt=r.task.attempt) for r in left]
+            refs = [r.ref() for r in left]
             try:
                 reply = await self.dataflow.release(
                     ReleaseRequest(node_id=self.config.node_id, leases=refs)

@@ -48,8 +48,9 @@ class TaskRunner:
         self.tools = tools
         self.meter = meter
 
-    async def run(self, task: Task) -> None:
-        """Run ``task`` to a submit or a fail report; only cancellation propagates."""
+    async def run(self, task: Task, secret: str) -> None:
+        """Run ``task`` to a submit or a fail report (both carry the lease ``secret``); only
+        cancellation propagates."""
         started = time.monotonic()
         timeout = self.config.task_timeout_s
         try:
@@ -60,13 +61,13 @@ class TaskRunner:
             samples = await asyncio.wait_for(workflow(task, handles, self.tools), timeout)
             samples = self._stamp(task, samples, started)
         except TimeoutError:
-            await self._fail(task, f"workflow {task.workflow!r} timed out after {timeout}s")
+            await self._fail(task, secret, f"workflow {task.workflow!r} timed out after {timeout}s")
             return
         except Exception as exc:  # a task boundary: a bad rollout is data, not a crash
             log.warning("task failed task=%s attempt=%d error=%r", task.task_id, task.attempt, exc)
-            await self._fail(task, f"{type(exc).__name__}: {exc}")
+            await self._fail(task, secret, f"{type(exc).__name__}: {exc}")
             return
-        await self._submit(task, samples, started)
+        await self._submit(task, secret, samples, started)
 
     def _stamp(self, task: Task, samples: Any, started: float) -> list[Sample]:
         """Check what the workflow returned and add node, pool and timing to each sample."""
@@ -91,9 +92,13 @@ class TaskRunner:
             out.append(s.model_copy(update={"meta": meta}))
         return out
 
-    async def _submit(self, task: Task, samples: list[Sample], started: float) -> None:
+    async def _submit(self, task: Task, secret: str, samples: list[Sample], started: float) -> None:
         request = SubmitRequest(
-            node_id=self.config.node_id, task_id=task.task_id, attempt=task.attempt, samples=samples
+            node_id=self.config.node_id,
+            task_id=task.task_id,
+            attempt=task.attempt,
+            secret=secret,
+            samples=samples,
         )
         try:
             reply = await self._dataflow.submit(request)
@@ -103,7 +108,7 @@ class TaskRunner:
             )
             return
         except ValidationError as exc:
-            await self._fail(task, f"samples rejected: {exc}")
+            await self._fail(task, secret, f"samples rejected: {exc}")
             return
         except Exception as exc:  # boundary: the lease expires and the task is re-queued
             log.warning("submit failed task=%s error=%r", task.task_id, exc)
@@ -117,12 +122,13 @@ class TaskRunner:
             reply.accepted,
         )
 
-    async def _fail(self, task: Task, error: str) -> None:
+    async def _fail(self, task: Task, secret: str, error: str) -> None:
         self.meter.task_failed()
         request = FailRequest(
             node_id=self.config.node_id,
             task_id=task.task_id,
             attempt=task.attempt,
+            secret=secret,
             error=error[:4000],
         )
         try:

@@ -35,6 +35,7 @@ from astraflow.records.report import (
 )
 from astraflow.records.wire import (
     JSON_MEDIA_TYPE,
+    MAX_WIRE_INT,
     MSGPACK_MEDIA_TYPE,
     NAME_PATTERN,
     NO_VERSION,
@@ -50,6 +51,7 @@ from astraflow.records.wire import (
     LeaseRef,
     LeaseReply,
     LeaseRequest,
+    LeaseSecret,
     MaskArray,
     Name,
     NodeStats,
@@ -77,6 +79,7 @@ from astraflow.records.wire import (
 __all__ = [
     "JSON_MEDIA_TYPE",
     "MAX_POOL_NODES",
+    "MAX_WIRE_INT",
     "MSGPACK_MEDIA_TYPE",
     "NAME_PATTERN",
     "NO_VERSION",
@@ -93,6 +96,7 @@ __all__ = [
     "LeaseRef",
     "LeaseReply",
     "LeaseRequest",
+    "LeaseSecret",
     "MaskArray",
     "Name",
     "NodeReport",

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import pydantic
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -42,6 +43,44 @@ NAME_PATTERN: Final = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,127}$"
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Id = Annotated[str, Field(min_length=1, max_length=256)]
 
+MAX_WIRE_INT: Final = 2**53 - 1
+"""Largest integer a record field holds: exact in every JSON reader, and fits SQLite's int64."""
+MAX_META_INT: Final = 2**63 - 1
+"""Largest magnitude of an integer inside free-form ``payload`` / ``meta`` (msgpack, SQLite)."""
+
+Count = Annotated[int, Field(ge=0, le=MAX_WIRE_INT)]
+"""A non-negative integer (counts, attempts, versions, rounds)."""
+HeldVersion = Annotated[int, Field(ge=-1, le=MAX_WIRE_INT)]
+"""A version a node holds (-1: nothing loaded yet)."""
+
+LEASE_SECRET_PATTERN: Final = r"^[0-9a-f]{32}$"
+LeaseSecret = Annotated[str, Field(pattern=LEASE_SECRET_PATTERN)]
+"""Proof of holding one lease: returned by ``lease``, required by renew/submit/fail/release."""
+
+
+def _check_json_value(value: Any, where: str, depth: int = 0) -> None:
+    if depth > 32:
+        raise ValueError(f"{where}: nested more than 32 levels deep")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: must be finite, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_META_INT:
+        raise ValueError(f"{where}: integer {value} is outside the 64-bit range")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_json_value(v, f"{where}.{k}", depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_json_value(v, f"{where}.{i}", depth + 1)
+
+
+def _json_object(value: dict[str, Any]) -> dict[str, Any]:
+    _check_json_value(value, "value")
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
+"""Free-form JSON object: finite numbers, 64-bit integers, at most 32 levels deep."""
+
 # --------------------------------------------------------------------------- arrays
 
 
@@ -62,12 +101,19 @@ def _array_validator(dtype: str) -> BeforeValidator:
             raise ValueError(f"expected a 1-D array, got shape {arr.shape}")
         if arr.size and arr.dtype.kind not in "iufb":
             raise ValueError(f"expected numbers, got dtype {arr.dtype}")
-        if (
-            np.dtype(dtype).kind in "iu"
-            and arr.dtype.kind == "f"
-            and not (np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)))
-        ):
-            raise ValueError("expected integers")
+        target = np.dtype(dtype)
+        if target.kind in "iu" and arr.size:
+            if arr.dtype.kind == "f" and not (
+                np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))
+            ):
+                raise ValueError("expected integers")
+            info = np.iinfo(target)
+            if arr.min() < info.min or arr.max() > info.max:
+                raise ValueError(f"has a value outside the {dtype} range")
+        if target.kind == "f" and arr.size and arr.dtype != target:
+            finite = arr[np.isfinite(arr)]
+            if finite.size and float(np.abs(finite).max()) > float(np.finfo(target).max):
+                raise ValueError(f"has a value outside the {dtype} range")
         return arr.astype(dtype, copy=True)
 
     return BeforeValidator(convert)
@@ -117,7 +163,11 @@ class Record(BaseModel):
     """Base of every wire record: strict keys, immutable after validation."""
 
     model_config = ConfigDict(
-        extra="forbid", frozen=True, arbitrary_types_allowed=True, use_attribute_docstrings=True
+        extra="forbid",
+        frozen=True,
+        arbitrary_types_allowed=True,
+        use_attribute_docstrings=True,
+        allow_inf_nan=False,  # NaN / inf never cross a wire edge (they poison reports)
     )
 
     def __eq__(self, other: object) -> bool:
@@ -159,23 +209,25 @@ class Task(Record):
     """Stable id: the same source row always gets the same id (epochs add a suffix)."""
     workflow: Name
     """Registry name of the workflow that runs this task (a node must declare it can)."""
-    payload: dict[str, Any] = Field(default_factory=dict)
+    payload: JsonObject = Field(default_factory=dict)
     """Prompt/messages, reference answer, tests ... whatever the workflow reads."""
     group_size: int = Field(default=1, ge=1, le=1024)
     """Samples per policy the workflow should produce for this task (one GRPO group)."""
-    attempt: int = Field(default=0, ge=0)
+    attempt: Count = 0
     """Delivery attempt; an expired or handed-back lease re-queues the task as attempt + 1."""
     source: Name = "default"
     """Name of the task source this task came from (used by mixing samplers and reports)."""
-    meta: dict[str, Any] = Field(default_factory=dict)
+    meta: JsonObject = Field(default_factory=dict)
     """Free-form annotations (epoch, difficulty, curriculum level ...)."""
 
 
 class LeaseRef(Record):
-    """Names one leased delivery of a task: ``(task_id, attempt)``."""
+    """Names one leased delivery of a task, ``(task_id, attempt)``, with its lease secret."""
 
     task_id: Id
-    attempt: int = Field(ge=0)
+    attempt: Count
+    secret: LeaseSecret
+    """The secret ``lease`` returned for this delivery: only its holder can renew or release."""
 
 
 # --------------------------------------------------------------------------- samples
@@ -198,7 +250,7 @@ class Sample(Record):
     logprobs: Float32Array
     versions: Int32Array
     reward: float
-    meta: dict[str, Any] = Field(default_factory=dict)
+    meta: JsonObject = Field(default_factory=dict)
     """Node, pool, timings, turn count, finish reason, task type ..."""
 
     @field_validator("token_ids")
@@ -271,7 +323,7 @@ class PolicyVersion(Record):
     """A published weight version: what a trainer announces and nodes refresh to."""
 
     policy: Name
-    version: int = Field(ge=0)
+    version: Count
     """Trainer version: the number of optimizer updates behind these weights."""
     manifest: str = Field(min_length=1, max_length=1024)
     """Reference to the weight manifest in the weight store (path relative to its root)."""
@@ -290,10 +342,10 @@ class NodeStats(Record):
 
     samples_per_s: float = Field(default=0.0, ge=0)
     tokens_per_s: float = Field(default=0.0, ge=0)
-    in_flight: int = Field(default=0, ge=0)
+    in_flight: Count = 0
     """Tasks the node is running now."""
-    completed: int = Field(default=0, ge=0)
-    failed: int = Field(default=0, ge=0)
+    completed: Count = 0
+    failed: Count = 0
     mean_task_latency_s: float = Field(default=0.0, ge=0)
     hardware: str = ""
     """Free text: e.g. 'cpu x2', 'H100 80GB'."""
@@ -307,7 +359,7 @@ class LeaseRequest(Record):
     pool: Name = "default"
     capacity: int = Field(ge=0, le=4096)
     workflows: list[Name] = Field(min_length=1)
-    versions: dict[Name, int] = Field(default_factory=dict)
+    versions: dict[Name, HeldVersion] = Field(default_factory=dict)
     """Weight version the node holds per policy (-1: nothing loaded yet)."""
     stats: NodeStats = Field(default_factory=NodeStats)
 
@@ -326,6 +378,9 @@ class LeaseReply(Record):
     """Why fewer tasks than asked were granted (backpressure, staleness, queue empty)."""
     retry_after_s: float = Field(default=0.0, ge=0)
     """When no task was granted: how long to wait before asking again."""
+    secrets: dict[Id, LeaseSecret] = Field(default_factory=dict)
+    """The lease secret of each granted task, by task_id: renew, submit, fail and release of
+    that delivery must present it (a node can touch only the leases it was granted)."""
 
 
 class RenewRequest(Record):
@@ -334,7 +389,7 @@ class RenewRequest(Record):
     node_id: Name
     pool: Name = "default"
     leases: list[LeaseRef] = Field(default_factory=list)
-    versions: dict[Name, int] = Field(default_factory=dict)
+    versions: dict[Name, HeldVersion] = Field(default_factory=dict)
     stats: NodeStats = Field(default_factory=NodeStats)
 
 
@@ -354,7 +409,9 @@ class SubmitRequest(Record):
 
     node_id: Name
     task_id: Id
-    attempt: int = Field(ge=0)
+    attempt: Count
+    secret: LeaseSecret
+    """The lease secret of this delivery (from ``LeaseReply.secrets``)."""
     samples: list[Sample] = Field(min_length=1)
 
 
@@ -375,7 +432,9 @@ class FailRequest(Record):
 
     node_id: Name
     task_id: Id
-    attempt: int = Field(ge=0)
+    attempt: Count
+    secret: LeaseSecret
+    """The lease secret of this delivery (from ``LeaseReply.secrets``)."""
     error: str = Field(max_length=4096)
     retryable: bool = True
     """False for errors that will repeat (e.g. a malformed task): fail it without retrying."""
@@ -409,10 +468,10 @@ class TakeBatchRequest(Record):
 
     policy: Name
     trainer_id: Name = "trainer"
-    trainer_version: int = Field(ge=0)
+    trainer_version: Count
     """The version the trainer's next update will start from; bounds staleness."""
-    min_samples: int = Field(default=1, ge=1)
-    max_samples: int = Field(default=256, ge=1)
+    min_samples: int = Field(default=1, ge=1, le=MAX_WIRE_INT)
+    max_samples: int = Field(default=256, ge=1, le=MAX_WIRE_INT)
     timeout_s: float = Field(default=30.0, ge=0, le=600)
     """Long-poll: wait up to this long for ``min_samples`` to be available."""
 
@@ -430,7 +489,7 @@ class Batch(Record):
 
     batch_id: Id
     policy: Name
-    trainer_version: int = Field(ge=0)
+    trainer_version: Count
     samples: list[Sample] = Field(min_length=1)
     ack_deadline_s: float = Field(gt=0)
     """Seconds until an un-acked batch is served again."""
@@ -475,7 +534,7 @@ def pack(record: BaseModel) -> bytes:
     return data
 
 
-def unpack(cls: type[RecordT], data: bytes) -> RecordT:
+def unpack(cls: type[RecordT], data: bytes | bytearray) -> RecordT:
     """Decode and validate msgpack bytes as ``cls``; raise ``ValidationError`` naming the field."""
     try:
         raw = msgpack.unpackb(data, raw=False, strict_map_key=True)
@@ -492,7 +551,7 @@ def parse(cls: type[RecordT], raw: Any) -> RecordT:
         raise validation_error(exc, cls.__name__) from exc
 
 
-def parse_json(cls: type[RecordT], data: bytes | str) -> RecordT:
+def parse_json(cls: type[RecordT], data: bytes | bytearray | str) -> RecordT:
     """Decode and validate JSON as ``cls``."""
     try:
         return cls.model_validate_json(data)
@@ -505,6 +564,8 @@ def validation_error(exc: pydantic.ValidationError, what: str) -> ValidationErro
     first = exc.errors(include_url=False)[0]
     loc = ".".join(str(p) for p in first.get("loc", ())) or what
     msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if first.get("type") == "finite_number":
+        msg = f"must be a finite number, got {first.get('input')}"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return ValidationError(f"invalid {what}: {loc}: {msg}{more}", field=loc)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,21 +22,22 @@ from astraflow.records import (
     Task,
     pack,
 )
-from fixtures.dataflow import make_config, make_group
+from fixtures.dataflow import NO_SECRET, make_config, make_group, state_snapshot
 
 JSON = {"content-type": "application/json"}
 MSGPACK = {"content-type": MSGPACK_MEDIA_TYPE}
 
 
 class Env:
-    def __init__(self, url: str, db: Path, task: Task) -> None:
-        self.url, self.db, self.task = url, db, task
+    def __init__(self, url: str, db: Path, task: Task, secret: str) -> None:
+        self.url, self.db, self.task, self.secret = url, db, task, secret
 
     def submit_body(self, mutate: Callable[[dict[str, Any]], None] | None = None) -> bytes:
         req = SubmitRequest(
             node_id="n1",
             task_id=self.task.task_id,
             attempt=0,
+            secret=self.secret,
             samples=make_group(self.task, rewards=(0.0, 1.0, 0.5)),
         )
         raw = msgpack.unpackb(pack(req))
@@ -47,16 +47,7 @@ class Env:
 
     def snapshot(self) -> dict[str, Any]:
         """Every row of every table (read-only), plus the service's own report counts."""
-        con = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True)
-        try:
-            tables = [
-                r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            ]
-            rows = {t: sorted(map(repr, con.execute(f"SELECT * FROM {t}"))) for t in tables}
-        finally:
-            con.close()
-        report = httpx.get(self.url + "/v1/report").json()
-        return {"db": rows, "tasks": report["tasks"], "policies": report["policies"]}
+        return state_snapshot(self.db, self.url)
 
 
 @pytest.fixture
@@ -64,9 +55,10 @@ def env(tmp_path: Path, dataflow_factory: Callable[..., str]) -> Iterator[Env]:
     config = make_config(tmp_path / "df", limits={"max_body_mb": 0.05})
     url = dataflow_factory(config)
     with DataflowClient(url) as c:
-        (task,) = c.lease(LeaseRequest(node_id="n1", capacity=1, workflows=["rlvr"])).tasks
+        reply = c.lease(LeaseRequest(node_id="n1", capacity=1, workflows=["rlvr"]))
+        (task,) = reply.tasks
         c.announce(PolicyVersion(policy="solver", version=2, manifest="solver/v2/manifest.json"))
-    yield Env(url, config.db_path, task)
+    yield Env(url, config.db_path, task, reply.secrets[task.task_id])
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
@@ -161,7 +153,7 @@ CASES: dict[str, tuple[str, str, dict[str, str], Callable[[Env], Any], int, str]
         MSGPACK,
         lambda e: e.submit_body(_set("samples.2.reward", math.nan)),
         400,
-        "reward must be finite",
+        "reward.*finite",
     ),
     "inf logprob": (
         "POST",
@@ -254,10 +246,16 @@ CASES: dict[str, tuple[str, str, dict[str, str], Callable[[Env], Any], int, str]
         "/v1/fail",
         JSON,
         lambda e: json.dumps(
-            {"node_id": "n2", "task_id": e.task.task_id, "attempt": 0, "error": "x"}
+            {
+                "node_id": "n2",
+                "task_id": e.task.task_id,
+                "attempt": 0,
+                "error": "x",
+                "secret": NO_SECRET,
+            }
         ),
-        409,
-        "leased to",
+        403,
+        "wrong lease secret",
     ),
 }
 

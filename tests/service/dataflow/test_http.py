@@ -14,10 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from astraflow.dataflow.client import AsyncDataflowClient, DataflowClient
-from astraflow.errors import LeaseLostError, NotFoundError, ServiceUnavailableError
+from astraflow.errors import LeaseForbiddenError, NotFoundError, ServiceUnavailableError
 from astraflow.records import (
     AckRequest,
-    LeaseRef,
     LeaseRequest,
     PolicyVersion,
     RenewRequest,
@@ -25,19 +24,27 @@ from astraflow.records import (
     TakeBatchRequest,
     Task,
 )
-from fixtures.dataflow import make_config, make_group
+from fixtures.dataflow import granted, make_config, make_group, ref_of, secret_of
 
 Factory = Callable[..., str]
 
 
 def lease(c: DataflowClient, node: str = "n1", capacity: int = 2, **kw: Any) -> list[Task]:
-    return c.lease(LeaseRequest(node_id=node, capacity=capacity, workflows=["rlvr"], **kw)).tasks
+    return granted(
+        node, c.lease(LeaseRequest(node_id=node, capacity=capacity, workflows=["rlvr"], **kw))
+    )
 
 
 def submit(c: DataflowClient, task: Task, node: str = "n1", **kw: Any) -> Any:
     samples = make_group(task, **kw)
     return c.submit(
-        SubmitRequest(node_id=node, task_id=task.task_id, attempt=task.attempt, samples=samples)
+        SubmitRequest(
+            node_id=node,
+            task_id=task.task_id,
+            attempt=task.attempt,
+            samples=samples,
+            secret=secret_of(node, task),
+        )
     )
 
 
@@ -71,7 +78,7 @@ def test_lease_expiry_requeues_over_http(tmp_path: Path, dataflow_factory: Facto
     with DataflowClient(url) as c:
         (task,) = lease(c, capacity=1)
         time.sleep(0.3)
-        ref = LeaseRef(task_id=task.task_id, attempt=0)
+        ref = ref_of("n1", task)
         assert c.renew(RenewRequest(node_id="n1", leases=[ref])).lost == []
         time.sleep(0.3)  # renewed: still live
         assert lease(c, node="n2", capacity=1)[0].task_id != task.task_id
@@ -79,8 +86,8 @@ def test_lease_expiry_requeues_over_http(tmp_path: Path, dataflow_factory: Facto
         assert c.report().tasks.pending >= 1
         retried = [t for t in lease(c, node="n3", capacity=4) if t.task_id == task.task_id]
         assert retried and retried[0].attempt == 1
-        with pytest.raises(LeaseLostError):
-            submit(c, retried[0], node="n1")  # not n1's lease
+        with pytest.raises(LeaseForbiddenError):
+            submit(c, retried[0], node="n1")  # not n1's lease: n1 has no secret for it
         assert submit(c, task, node="n1").accepted  # superseded, but nobody completed it
         assert c.report().nodes["n1"].lease_expiries == 1
 
@@ -166,7 +173,13 @@ async def test_async_client(dataflow_server: str) -> None:
         reply = await c.lease(LeaseRequest(node_id="a1", capacity=3, workflows=["rlvr"]))
         subs = [
             c.submit(
-                SubmitRequest(node_id="a1", task_id=t.task_id, attempt=0, samples=make_group(t))
+                SubmitRequest(
+                    node_id="a1",
+                    task_id=t.task_id,
+                    attempt=0,
+                    samples=make_group(t),
+                    secret=reply.secrets[t.task_id],
+                )
             )
             for t in reply.tasks
         ]

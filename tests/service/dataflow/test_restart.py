@@ -19,15 +19,16 @@ from astraflow.records import (
     TakeBatchRequest,
     Task,
 )
-from fixtures.dataflow import DataflowProcess, make_config, make_group
+from fixtures.dataflow import DataflowProcess, granted, make_config, make_group, secret_of
 
 Start = Callable[..., DataflowProcess]
 
 
 def submit(c: DataflowClient, task: Task) -> bool:
     req = SubmitRequest(
-        node_id="n1", task_id=task.task_id, attempt=task.attempt, samples=make_group(task)
-    )
+        node_id="n1", task_id=task.task_id, attempt=task.attempt, samples=make_group(task),
+        secret=secret_of("n1", task),
+    )  # fmt: skip
     return c.submit(req).duplicate
 
 
@@ -45,7 +46,7 @@ def test_state_survives_kill_9(tmp_path: Path, dataflow_process: Start) -> None:
     config = make_config(tmp_path / "df", selector="shuffled")
     proc = dataflow_process(config)
     with DataflowClient(proc.url) as c:
-        tasks = c.lease(LeaseRequest(node_id="n1", capacity=4, workflows=["rlvr"])).tasks
+        tasks = granted("n1", c.lease(LeaseRequest(node_id="n1", capacity=4, workflows=["rlvr"])))
         c.announce(PolicyVersion(policy="solver", version=1, manifest="solver/v1/manifest.json"))
         submit(c, tasks[0])
         submit(c, tasks[1])
@@ -93,7 +94,7 @@ def test_nothing_acknowledged_is_lost_when_killed_under_load(
             while not stop.is_set():
                 try:
                     reply = c.lease(LeaseRequest(node_id="n1", capacity=4, workflows=["rlvr"]))
-                    for t in reply.tasks:
+                    for t in granted("n1", reply):
                         submit(c, t)
                         accepted.append(t)  # only after the reply: acknowledged
                 except AstraflowError:

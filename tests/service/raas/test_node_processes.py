@@ -56,7 +56,8 @@ def _start_node(
     }
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PYTHONPATH": str(TESTS), "OMP_NUM_THREADS": "1"}
+    pythonpath = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}
     with (tmp / f"{name}.log").open("wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
             node_command("--config", str(path)), env=env, stdout=log, stderr=subprocess.STDOUT

@@ -24,7 +24,8 @@ def _task(workflow: str, payload: dict[str, Any], group_size: int, task_id: str 
 
 def _check_wire(samples: list[Sample]) -> None:
     """Samples survive the /v1 msgpack round trip unchanged (what a node submits)."""
-    req = SubmitRequest(node_id="n", task_id=samples[0].task_id, attempt=0, samples=samples)
+    req = SubmitRequest(node_id="n", task_id=samples[0].task_id, attempt=0, secret="ab" * 16,
+                        samples=samples)  # fmt: skip
     assert unpack(SubmitRequest, pack(req)) == req
 
 

@@ -65,7 +65,13 @@ def lease(svc: DataflowService, capacity: int = 8, version: int = 0) -> list[Tas
 def submit(svc: DataflowService, task: Task, rewards: tuple[float, ...] = (0.0, 1.0)) -> None:
     samples = make_group(task, rewards=rewards)
     svc.submit(
-        SubmitRequest(node_id="n1", task_id=task.task_id, attempt=task.attempt, samples=samples)
+        SubmitRequest(
+            node_id="n1",
+            task_id=task.task_id,
+            attempt=task.attempt,
+            samples=samples,
+            secret=svc.queue.secret("n1", task.task_id, task.attempt),
+        )
     )
 
 
@@ -124,14 +130,18 @@ def test_failures_stay_in_the_round_until_final(tmp_path: Path) -> None:
     svc = service(tmp_path, lease={"ttl_s": 30.0, "max_attempts": 2})
     announce(svc, 0)
     a, b = lease(svc)
-    reply = svc.fail(FailRequest(node_id="n1", task_id=a.task_id, attempt=0, error="boom"))
+    secret = svc.queue.secret("n1", a.task_id, 0)
+    reply = svc.fail(FailRequest(node_id="n1", task_id=a.task_id, attempt=0, error="boom",
+                                 secret=secret))  # fmt: skip
     assert reply.requeued
     (retry,) = lease(svc)
     assert (retry.task_id, retry.attempt) == (a.task_id, 1)  # re-queued inside the round
     assert lease(svc) == []
     submit(svc, b)
     assert take(svc) is None  # a is still open
-    reply = svc.fail(FailRequest(node_id="n1", task_id=a.task_id, attempt=1, error="boom"))
+    secret = svc.queue.secret("n1", a.task_id, 1)
+    reply = svc.fail(FailRequest(node_id="n1", task_id=a.task_id, attempt=1, error="boom",
+                                 secret=secret))  # fmt: skip
     assert reply.failed  # failed for good: counts as done for the round
     batch = take(svc)
     assert batch is not None and {s.task_id for s in batch.samples} == {b.task_id}

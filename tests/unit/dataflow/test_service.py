@@ -66,11 +66,18 @@ def lease(svc: DataflowService, node: str = "n1", capacity: int = 2, **kw: Any) 
 
 def submit(svc: DataflowService, task: Task, node: str = "n1", **kw: Any) -> Any:
     req = SubmitRequest(
-        node_id=node, task_id=task.task_id, attempt=task.attempt, samples=make_group(task, **kw)
-    )
+        node_id=node, task_id=task.task_id, attempt=task.attempt,
+        secret=svc.queue.secret(node, task.task_id, task.attempt), samples=make_group(task, **kw),
+    )  # fmt: skip
     reply = svc.submit(req)
     check_sizes(svc)
     return reply
+
+
+def ref_of(svc: DataflowService, node: str, task: Task) -> LeaseRef:
+    """The lease ref ``node`` holds for ``task`` (its secret computed by the service)."""
+    secret = svc.queue.secret(node, task.task_id, task.attempt)
+    return LeaseRef(task_id=task.task_id, attempt=task.attempt, secret=secret)
 
 
 def take(svc: DataflowService, version: int = 0, **kw: Any) -> Batch | None:
@@ -99,7 +106,7 @@ def test_round_trip_lease_submit_take_ack(tmp_path: Path, clock: Clock) -> None:
     batch = take(svc)
     assert batch is not None and len(batch.samples) == 2 and batch.trainer_version == 0
     assert {s.task_id for s in batch.samples} == {tasks[0].task_id}
-    assert take(svc) is None  # served, not acked: not served twice
+    assert take(svc, trainer_id="other") is None  # served, not acked: not served twice
     svc.ack(AckRequest(batch_id=batch.batch_id))
     svc.ack(AckRequest(batch_id=batch.batch_id))  # idempotent
     with pytest.raises(NotFoundError):
@@ -112,9 +119,8 @@ def test_expired_lease_requeues_with_next_attempt(tmp_path: Path, clock: Clock) 
     svc = service(tmp_path, clock, lease={"ttl_s": 10.0})
     (task,) = lease(svc, capacity=1)
     clock.advance(5)
-    renew = svc.renew(
-        RenewRequest(node_id="n1", leases=[LeaseRef(task_id=task.task_id, attempt=0)])
-    )
+    ref = ref_of(svc, "n1", task)
+    renew = svc.renew(RenewRequest(node_id="n1", leases=[ref]))
     assert renew.lost == []
     clock.advance(9)  # renewed at +5: still live at +14
     svc.sweep(force=True)
@@ -126,8 +132,8 @@ def test_expired_lease_requeues_with_next_attempt(tmp_path: Path, clock: Clock) 
     assert report.nodes["n1"].lease_expiries == 1
     assert report.pools["default"].nodes == 0  # an expiry is not a sign of life
     assert report.target.current_nodes == 0
-    lost = svc.renew(RenewRequest(node_id="n1", leases=[LeaseRef(task_id=task.task_id, attempt=0)]))
-    assert lost.lost == [LeaseRef(task_id=task.task_id, attempt=0)]
+    lost = svc.renew(RenewRequest(node_id="n1", leases=[ref]))
+    assert lost.lost == [ref]
     (again,) = lease(svc, node="n2", capacity=1)
     assert (again.task_id, again.attempt) == (task.task_id, 1)
 
@@ -140,15 +146,13 @@ def test_superseded_attempt_is_accepted_until_someone_completes(
     clock.advance(11)
     (again,) = lease(svc, node="n2", capacity=1)
     assert again.attempt == 1
-    with pytest.raises(NotFoundError, match="no attempt 5"):
+    with pytest.raises(NotFoundError, match="attempt 5 was never granted"):
         submit(svc, again.model_copy(update={"attempt": 5}), node="n2")
     # the slow first node finishes: nobody has completed the task, so its work counts
     assert submit(svc, task).accepted
     with pytest.raises(LeaseLostError, match="already done"):
         submit(svc, again, node="n2")
-    lost = svc.renew(
-        RenewRequest(node_id="n2", leases=[LeaseRef(task_id=again.task_id, attempt=1)])
-    )
+    lost = svc.renew(RenewRequest(node_id="n2", leases=[ref_of(svc, "n2", again)]))
     assert len(lost.lost) == 1
 
 
@@ -174,26 +178,28 @@ def test_submit_leased_to_another_node_is_refused(tmp_path: Path, clock: Clock) 
 def test_fail_requeues_then_fails_at_max_attempts(tmp_path: Path, clock: Clock) -> None:
     svc = service(tmp_path, clock, lease={"max_attempts": 2})
     (task,) = lease(svc, capacity=1)
-    fail = FailRequest(node_id="n1", task_id=task.task_id, attempt=0, error="boom")
+    fail = FailRequest(node_id="n1", task_id=task.task_id, attempt=0, error="boom",
+                       secret=ref_of(svc, "n1", task).secret)  # fmt: skip
     assert svc.fail(fail).requeued
     with pytest.raises(LeaseLostError):
         svc.fail(fail)  # that attempt is gone
     (again,) = lease(svc, capacity=1)
     assert again.attempt == 1
-    reply = svc.fail(fail.model_copy(update={"attempt": 1}))
+    reply = svc.fail(
+        fail.model_copy(update={"attempt": 1, "secret": ref_of(svc, "n1", again).secret})
+    )
     assert reply.failed and not reply.requeued
     assert svc.report().tasks.failed == 1
     (other,) = lease(svc, capacity=1)
-    no_retry = FailRequest(
-        node_id="n1", task_id=other.task_id, attempt=0, error="x", retryable=False
-    )
+    no_retry = FailRequest(node_id="n1", task_id=other.task_id, attempt=0, error="x",
+                           retryable=False, secret=ref_of(svc, "n1", other).secret)  # fmt: skip
     assert svc.fail(no_retry).failed
 
 
 def test_release_requeues_at_once(tmp_path: Path, clock: Clock) -> None:
     svc = service(tmp_path, clock)
     tasks = lease(svc, capacity=2)
-    refs = [LeaseRef(task_id=t.task_id, attempt=t.attempt) for t in tasks]
+    refs = [ref_of(svc, "n1", t) for t in tasks]
     other = ReleaseRequest(node_id="n2", leases=refs)
     assert svc.release(other).requeued == 0  # not its leases
     assert svc.release(ReleaseRequest(node_id="n1", leases=refs)).requeued == 2
@@ -342,7 +348,8 @@ def test_bad_submissions_change_nothing(tmp_path: Path, clock: Clock) -> None:
         "submission is for": make_group("arith/other@e0"),
     }
     for message, samples in cases.items():
-        req = SubmitRequest(node_id="n1", task_id=task.task_id, attempt=0, samples=samples)
+        req = SubmitRequest(node_id="n1", task_id=task.task_id, attempt=0, samples=samples,
+                            secret=ref_of(svc, "n1", task).secret)  # fmt: skip
         with pytest.raises(ValidationError, match=message):
             svc.submit(req)
     assert svc.report().policies["solver"].buffered_samples == 0
@@ -435,3 +442,30 @@ def test_mixing_and_source_weights_across_two_sources(tmp_path: Path, clock: Clo
     assert batch is not None
     served = [s.task_id.split("/")[0] for s in batch.samples]
     assert served.count("arith") == served.count("other") == 4  # sampler: 1 to 1
+
+
+def test_trainer_that_takes_again_frees_its_open_batch_at_once(
+    tmp_path: Path, clock: Clock
+) -> None:
+    """A trainer crashed holding a batch (never acked) and came back with the same id: its
+    batch goes back to the buffer at its next take, not after the ack timeout (600 s)."""
+    svc = service(tmp_path, clock)
+    tasks = lease(svc, capacity=2)
+    for t in tasks:
+        submit(svc, t)
+    held = take(svc, trainer_id="t1", max_samples=2)
+    assert held is not None
+    other = take(svc, trainer_id="t2", max_samples=2)  # another trainer's batch stays its own
+    assert other is not None
+    assert svc.report().policies["solver"].served_samples == 4
+    clock.advance(1)  # far below the ack timeout
+    again = take(svc, trainer_id="t1", max_samples=4, min_samples=2)
+    assert again is not None
+    assert {s.task_id for s in again.samples} == {s.task_id for s in held.samples}
+    pol = svc.report().policies["solver"]
+    assert (pol.served_samples, pol.buffered_samples) == (4, 0)  # counted once, not twice
+    svc.ack(AckRequest(batch_id=held.batch_id))  # the old batch's late ack retires nothing
+    svc.ack(AckRequest(batch_id=again.batch_id))
+    svc.ack(AckRequest(batch_id=other.batch_id))
+    pol = svc.report().policies["solver"]
+    assert (pol.acked_samples, pol.served_samples, pol.buffered_samples) == (4, 0, 0)

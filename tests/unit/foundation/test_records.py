@@ -40,7 +40,8 @@ def make_sample(n: int = 12, prompt: int = 4, version: int = 3, **kw: Any) -> Sa
 
 
 def test_msgpack_round_trip_is_exact_and_compact() -> None:
-    req = SubmitRequest(node_id="n1", task_id="t-1", attempt=2, samples=[make_sample()] * 3)
+    req = SubmitRequest(node_id="n1", task_id="t-1", attempt=2, secret="ab" * 16,
+                        samples=[make_sample()] * 3)  # fmt: skip
     data = pack(req)
     back = unpack(SubmitRequest, data)
     assert back == req
@@ -100,7 +101,8 @@ def test_vocab_check() -> None:
 
 
 def test_malformed_msgpack_is_a_validation_error() -> None:
-    data = pack(SubmitRequest(node_id="n", task_id="t", attempt=0, samples=[make_sample()]))
+    data = pack(SubmitRequest(node_id="n", task_id="t", attempt=0, secret="ab" * 16,
+                              samples=[make_sample()]))  # fmt: skip
     with pytest.raises(ValidationError, match="msgpack"):
         unpack(SubmitRequest, data[:-3])
     with pytest.raises(ValidationError):
