@@ -18,6 +18,8 @@ _CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['content'] }}{% endfor %}"
     "{% if add_generation_prompt %}{% endif %}"
 )
+ROLELESS_CHAT_TEMPLATE = _CHAT_TEMPLATE
+"""The char tokenizer's chat template: contents only, no roles (chat endpoints use their own)."""
 
 
 def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:

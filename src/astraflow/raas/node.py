@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from astraflow.raas.config import NodeConfig
+from astraflow.raas.endpoint import AgentEndpoint, bind_endpoint
 from astraflow.raas.hosting import build_tools, build_workflows, host_policy
 from astraflow.raas.io import TaskFeed, WeightFeed
 from astraflow.raas.policy import NodePolicy, held_versions
@@ -97,6 +98,8 @@ class RolloutNode:
         self._ttl_s = DEFAULT_TTL_S
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._runner: TaskRunner | None = None
+        self.endpoint: AgentEndpoint | None = None
+        """The OpenAI-compatible endpoint, when a workflow (``agent``) needs one."""
 
     @property
     def dataflow(self) -> TaskFeed:
@@ -155,6 +158,7 @@ class RolloutNode:
                 return False
             self.policies[name] = policy
         self.workflows = build_workflows(cfg, self.policies)
+        self.endpoint = await bind_endpoint(self.workflows)
         self.tools = build_tools(cfg.tools, cfg.seed)
         self._runner = TaskRunner(
             cfg, self._dataflow, self.policies, self.workflows, self.tools, self.meter
@@ -187,6 +191,8 @@ class RolloutNode:
         for running in list(self._running.values()):
             running.runner.cancel()
         await asyncio.gather(*(r.runner for r in self._running.values()), return_exceptions=True)
+        if self.endpoint is not None:
+            await self.endpoint.stop()
         for policy in self.policies.values():
             await policy.close()
         if self._dataflow is not None:

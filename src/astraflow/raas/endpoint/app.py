@@ -1,0 +1,229 @@
+"""``AgentEndpoint``: one OpenAI-compatible HTTP server per node, a session per episode.
+
+Uvicorn runs on loopback inside the node's own event loop. Each agent episode gets a session
+under a fresh API key (``Authorization: Bearer KEY``); the key picks the session, the session
+its policies and its recorder. Routes decode → ``service`` → encode; every refusal is an
+OpenAI error object with a 4xx status, and an unexpected failure a 500 naming no internals.
+
+    POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pydantic
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from astraflow.errors import ServiceUnavailableError
+from astraflow.raas.endpoint.service import chat_completion, list_models, text_completion
+from astraflow.raas.endpoint.wire import ChatRequest, CompletionRequest, EndpointError
+from astraflow.workflows.agent import AgentSession
+
+__all__ = ["AgentEndpoint"]
+
+log = logging.getLogger(__name__)
+
+#: Largest request body accepted (a long agent conversation fits easily).
+MAX_BODY_BYTES = 16 << 20
+
+Handler = Callable[[AgentSession, Any], Awaitable[dict[str, Any]]]
+
+
+class AgentEndpoint:
+    """The node's endpoint: sessions by API key and the server that serves them."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host = host
+        self.port = port
+        self.url = ""
+        self._sessions: dict[str, AgentSession] = {}
+        self._server: uvicorn.Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self.requests = 0
+        self.errors = 0
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+            ]
+        )
+
+    # ----------------------------------------------------------------- gateway
+
+    def open(self, session: AgentSession) -> AgentSession:
+        """Register ``session`` under a fresh key (see ``AgentGateway.open``)."""
+        if not self.url:
+            raise ServiceUnavailableError("the agent endpoint is not serving")
+        key = f"ep-{secrets.token_urlsafe(24)}"
+        session.api_key = key
+        session.base_url = f"{self.url}/v1"
+        self._sessions[key] = session
+        return session
+
+    def close(self, session: AgentSession) -> None:
+        """Revoke the session's key."""
+        self._sessions.pop(session.api_key, None)
+
+    def metrics(self) -> dict[str, float]:
+        """Open sessions, requests served and refused."""
+        return {
+            "sessions": float(len(self._sessions)),
+            "requests": float(self.requests),
+            "errors": float(self.errors),
+        }
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def start(self, timeout_s: float = 30.0) -> str:
+        """Serve on the current event loop; returns the base URL once listening."""
+        config = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
+            access_log=False,
+        )
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the node owns signals
+        self._serving = asyncio.create_task(self._server.serve(), name="agent-endpoint")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self._server.started:
+            if self._serving.done() or loop.time() > deadline:
+                raise ServiceUnavailableError("the agent endpoint did not start")
+            await asyncio.sleep(0.01)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://{self.host}:{port}"
+        log.info("agent endpoint serving url=%s", self.url)
+        return self.url
+
+    async def stop(self) -> None:
+        """Stop serving (idempotent); open sessions are dropped."""
+        self._sessions.clear()
+        if self._server is not None and self._serving is not None:
+            self._server.should_exit = True
+            await asyncio.gather(self._serving, return_exceptions=True)
+        self._server = self._serving = None
+        self.url = ""
+
+    # ----------------------------------------------------------------- routes
+
+    def _session(self, request: Request) -> AgentSession:
+        auth = request.headers.get("authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        session = self._sessions.get(key) if key else None
+        if session is None:
+            raise EndpointError(
+                401,
+                "Incorrect API key provided: it names no running episode",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        return session
+
+    async def _chat(self, request: Request) -> Response:
+        return await self._serve(request, ChatRequest, chat_completion)  # type: ignore[arg-type]  # handler typed per request model
+
+    async def _completions(self, request: Request) -> Response:
+        return await self._serve(request, CompletionRequest, text_completion)  # type: ignore[arg-type]  # handler typed per request model
+
+    async def _models(self, request: Request) -> Response:
+        try:
+            return JSONResponse(list_models(self._session(request)))
+        except EndpointError as exc:
+            return self._error(exc)
+
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse({"ok": True, "sessions": len(self._sessions)})
+
+    async def _serve(
+        self,
+        request: Request,
+        model: type[ChatRequest] | type[CompletionRequest],
+        handler: Handler,
+    ) -> Response:
+        self.requests += 1
+        try:
+            session = self._session(request)
+            parsed = model.model_validate(await _json_body(request))
+            if parsed.stream:
+                reply = await handler(session, parsed)
+                return StreamingResponse(_sse(reply), media_type="text/event-stream")
+            return JSONResponse(await handler(session, parsed))
+        except EndpointError as exc:
+            return self._error(exc)
+        except pydantic.ValidationError as exc:
+            return self._error(_validation_error(exc))
+        except Exception:  # request boundary: never a traceback to the client
+            log.exception("agent endpoint request failed path=%s", request.url.path)
+            return self._error(
+                EndpointError(500, "internal error while generating", type="server_error")
+            )
+
+    def _error(self, exc: EndpointError) -> Response:
+        self.errors += 1
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _json_body(request: Request) -> Any:
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise EndpointError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise EndpointError(400, f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise EndpointError(400, "the body must be a JSON object")
+    return data
+
+
+def _validation_error(exc: pydantic.ValidationError) -> EndpointError:
+    first = exc.errors(include_url=False)[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+        for e in exc.errors(include_url=False)[:5]
+    )
+    return EndpointError(400, f"invalid request: {problems}", param=param)
+
+
+async def _sse(reply: dict[str, Any]) -> Any:
+    """A finished reply as OpenAI stream chunks (one content chunk per choice, then DONE)."""
+    chunk_type = "chat.completion.chunk" if reply["object"] == "chat.completion" else None
+    for choice in reply["choices"]:
+        if chunk_type is None:
+            chunk: dict[str, Any] = {**reply, "choices": [choice]}
+        else:
+            delta = dict(choice["message"])
+            if delta.get("tool_calls"):
+                delta["tool_calls"] = [
+                    {"index": i, **c} for i, c in enumerate(delta["tool_calls"])
+                ]
+            chunk = {
+                **{k: v for k, v in reply.items() if k != "usage"},
+                "object": chunk_type,
+                "choices": [
+                    {
+                        "index": choice["index"],
+                        "delta": delta,
+                        "finish_reason": choice["finish_reason"],
+                        "logprobs": choice.get("logprobs"),
+                    }
+                ],
+            }
+        yield f"data: {json.dumps(chunk)}\n\n"
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,220 @@
+"""The node's OpenAI-compatible endpoint with unmodified ``openai`` SDK agents (loopback HTTP).
+
+An SDK agent doing 4 turns with tool calls is trained on exactly the tokens and logprobs the
+policy produced, with context tokens equal to the chat template's rendering; a template that
+is not append-only yields segments; 64 concurrent agents do not see each other's tokens; bad
+requests get OpenAI-style 4xx errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from astraflow.errors import WorkflowError
+from astraflow.raas.endpoint import AgentEndpoint
+from astraflow.records import Task
+from astraflow.workflows.agent import AgentConfig, AgentSession, AgentWorkflow
+from astraflow.workflows.chat_format import ChatFormat
+from fixtures import agents
+from fixtures.workflows import TinyPolicy, check_accounting
+
+pytest.importorskip("openai")
+
+CALL = '<tool_call>{"name": "search", "arguments": {"query": "q%d"}}</tool_call>'
+
+
+def _tool_script(prompt: str) -> str | None:
+    turn = prompt.count("assistant: ")
+    return CALL % turn if turn < 4 else "42"
+
+
+@pytest.fixture
+async def endpoint() -> AsyncIterator[AgentEndpoint]:
+    """The endpoint serving on loopback in the test's event loop."""
+    ep = AgentEndpoint()
+    await ep.start()
+    yield ep
+    await ep.stop()
+
+
+@pytest.fixture
+async def node_policy(tmp_path: Any) -> AsyncIterator[Any]:
+    """A rollout node's policy: the transformers engine (batching thread) over a tiny model."""
+    from astraflow.models import build_tokenizer
+    from astraflow.raas.engines.base import EngineContext, build_engine
+    from astraflow.raas.policy import NodePolicy
+    from fixtures.workflows import workflow_spec
+
+    spec = workflow_spec(seed=3)
+    tok = build_tokenizer(spec)
+    context = EngineContext(policy="policy", tokenizer=tok, work_dir=tmp_path, model=spec)
+    engine = build_engine({"type": "transformers", "device": "cpu"}, context)
+    policy = NodePolicy("policy", tok, engine, frozen=False, from_store=False)
+    yield policy
+    await policy.close()
+
+
+def _workflow(endpoint: AgentEndpoint, entry: str, **kw: Any) -> AgentWorkflow:
+    wf = AgentWorkflow(AgentConfig(entry=entry, **kw), random.Random(0))
+    wf.bind_gateway(endpoint)
+    return wf
+
+
+def _task(task_id: str, group_size: int = 1, **payload: Any) -> Task:
+    return Task(task_id=task_id, workflow="agent", payload=payload, group_size=group_size)
+
+
+async def test_sdk_agent_with_tool_calls_is_trained_on_exact_tokens(
+    endpoint: AgentEndpoint,
+) -> None:
+    policy = TinyPolicy("policy", script=_tool_script)
+    wf = _workflow(endpoint, "fixtures.agents:tool_agent")
+    task = _task("t-tools", prompt="where is x?", answer="42")
+    samples = await wf(task, {"policy": policy}, {})
+    assert len(samples) == 1, "an append-only template keeps the episode in one stream"
+    sample = samples[0]
+    assert sample.reward == 1.0
+    assert sample.meta["turns"] == 4 and sample.meta["template_breaks"] == 0
+    matched = check_accounting(sample, policy)  # every trained run: a generation, bit for bit
+    assert matched == policy.generations and len(matched) == 4
+    # context tokens are the chat template's rendering of what the agent sent
+    last_request = agents.TRANSCRIPTS["t-tools/"][-1]
+    rendered = ChatFormat(policy.tokenizer).render(last_request, agents.TOOLS)
+    context = policy.tokenizer.encode(rendered, add_special_tokens=False)
+    last = matched[-1]
+    assert sample.token_ids.tolist() == context + last.token_ids.tolist()
+    tool_texts = [m["content"] for m in last_request if m["role"] == "tool"]
+    assert tool_texts == ["found 1q", "found 2q", "found 3q"]
+
+
+async def test_node_engine_tokens_and_logprobs_are_captured_bit_for_bit(
+    endpoint: AgentEndpoint, node_policy: Any
+) -> None:
+    produced: list[Any] = []
+    inner = node_policy.generate
+
+    async def spy(*args: Any, **kw: Any) -> Any:
+        gens = await inner(*args, **kw)
+        produced.extend(gens)
+        return gens
+
+    node_policy.generate = spy
+    wf = _workflow(endpoint, "fixtures.agents:chat_agent")
+    task = _task("t-engine", prompt="1+2=", turns=4, max_tokens=5)
+    (sample,) = await wf(task, {"policy": node_policy}, {})
+    assert sample.meta["turns"] == 4 and sample.meta["agent.turns"] == 4.0
+    runs = [(i, g) for i, g in enumerate(produced)]
+    assert len(runs) == 4
+    trained = np.flatnonzero(sample.loss_mask)
+    got = np.concatenate([g.token_ids for g in produced])
+    assert np.array_equal(sample.token_ids[trained], got)
+    assert np.array_equal(sample.logprobs[trained], np.concatenate([g.logprobs for g in produced]))
+    for gen in produced:  # each call's prompt is the stream so far, reused, never re-encoded
+        start = len(gen.prompt_ids)
+        assert np.array_equal(sample.token_ids[:start], gen.prompt_ids)
+        assert np.array_equal(sample.token_ids[start : start + len(gen.token_ids)], gen.token_ids)
+        assert (sample.versions[start : start + len(gen.token_ids)] == gen.version).all()
+
+
+async def test_not_append_only_template_yields_segments(endpoint: AgentEndpoint) -> None:
+    policy = TinyPolicy("policy", script=lambda p: "<think>hmm</think>ok")
+    wf = _workflow(endpoint, "fixtures.agents:chat_agent")
+    # a template that drops reasoning from history (as Qwen3's does): not append-only
+    drop = (
+        "{% for m in messages %}{{ m['role'] }}: "
+        "{{ m['content'].split('</think>')[-1] if m['role'] == 'assistant' else m['content'] }}"
+        "{% if m['role'] == 'assistant' %}<eos>{% endif %}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
+    policy.tokenizer.chat_template = drop
+    task = _task("t-segments", prompt="hi", turns=3, max_tokens=20)
+    samples = await wf(task, {"policy": policy}, {})
+    assert len(samples) == 3
+    assert [s.meta["segment"] for s in samples] == [0, 1, 2]
+    assert all(s.meta["segments"] == 3 and s.meta["template_breaks"] == 2 for s in samples)
+    assert len({s.group_id for s in samples}) == 1
+    for sample in samples:
+        assert len(check_accounting(sample, policy)) == 1
+
+
+async def test_64_concurrent_agents_see_only_their_own_tokens(
+    endpoint: AgentEndpoint, node_policy: Any
+) -> None:
+    wf = _workflow(endpoint, "fixtures.agents:chat_agent")
+    tasks = [_task(f"c{i}", prompt=f"ep{i}", turns=2, max_tokens=4) for i in range(64)]
+    results = await asyncio.gather(*(wf(t, {"policy": node_policy}, {}) for t in tasks))
+    assert node_policy.engine.metrics()["mean_batch_size"] > 4, "calls are batched together"
+    fmt = ChatFormat(node_policy.tokenizer)
+    tok = node_policy.tokenizer
+    for task, samples in zip(tasks, results, strict=True):
+        (sample,) = samples
+        assert sample.task_id == task.task_id and sample.meta["turns"] == 2
+        # the stream is this episode's own conversation: its prompt, then its own replies
+        first, last = agents.TRANSCRIPTS[f"{task.task_id}/"]
+        assert first == [{"role": "user", "content": task.payload["prompt"]}]
+        head = tok.encode(fmt.render(first), add_special_tokens=False)
+        assert sample.token_ids[: len(head)].tolist() == head
+        end = int(np.flatnonzero(sample.loss_mask)[-1]) + 1
+        trained_start = int(np.flatnonzero(sample.loss_mask == 1)[0])
+        assert trained_start == len(head)
+        assert end == len(sample.token_ids)
+        text = tok.decode(sample.token_ids.tolist())
+        assert text.count(f"user: {task.payload['prompt']}") == 2
+
+
+async def test_agent_that_raises_fails_the_task(endpoint: AgentEndpoint) -> None:
+    wf = _workflow(endpoint, "fixtures.agents:failing_agent")
+    with pytest.raises(WorkflowError, match="crashed"):
+        await wf(_task("t-fail"), {"policy": TinyPolicy("policy")}, {})
+    assert endpoint.metrics()["sessions"] == 0
+
+
+async def test_bad_requests_get_openai_errors(endpoint: AgentEndpoint) -> None:
+    import openai
+
+    policy = TinyPolicy("policy")
+    cfg = AgentConfig(entry="fixtures.agents:chat_agent", max_tokens_limit=64)
+    session = endpoint.open(AgentSession("", {"policy": policy}, {"policy": ChatFormat(policy.tokenizer)}, cfg))
+    client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    hi = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError) as nf:
+        await client.chat.completions.create(model="judge", messages=hi, max_tokens=2)
+    assert nf.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as big:
+        await client.chat.completions.create(model="policy", messages=hi, max_tokens=10_000)
+    assert big.value.param == "max_tokens"
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(
+            model="policy", messages=[{"role": "wizard", "content": "x"}], max_tokens=2
+        )
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": [{"type": "image_url"}]}]
+        )
+    bad = openai.AsyncOpenAI(base_url=session.base_url, api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        await bad.models.list()
+    await bad.close()
+    models = await client.models.list()
+    assert [m.id for m in models.data] == ["policy"]
+    async with httpx.AsyncClient(base_url=session.base_url) as raw:
+        auth = {"Authorization": f"Bearer {session.api_key}"}
+        r = await raw.post("/chat/completions", content=b"{not json", headers=auth)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        r = await raw.post("/chat/completions", json={"model": "policy"}, headers=auth)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    # nothing of the refused requests was recorded
+    assert session.recorder.calls == 0
+    reply = await client.chat.completions.create(model="policy", messages=hi, max_tokens=3)
+    assert reply.usage is not None and reply.usage.completion_tokens == len(policy.generations[0].token_ids)
+    endpoint.close(session)
+    with pytest.raises(openai.AuthenticationError):
+        await client.chat.completions.create(model="policy", messages=hi, max_tokens=2)
+    await client.close()
