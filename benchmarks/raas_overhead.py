@@ -10,8 +10,15 @@ capacity = one engine batch (lease, generate, submit, lease ... in turn), and ca
 batches (the default deployment shape: one wave submits and leases while the other
 generates). Overhead = 1 - node tokens/s / direct tokens/s (target < 5%).
 
+A second table (``--endpoint``) measures the node's OpenAI-compatible agent endpoint: the
+same chat prompts sent by ``batch x group`` concurrent ``openai.AsyncOpenAI`` clients to
+``/v1/chat/completions`` (render, token capture, tool-call parsing, HTTP on loopback) against
+the same rendered prompt ids sent straight to ``PolicyHandle.generate`` on the same engine,
+with the same seeds (target < 10%).
+
     .venv/bin/python benchmarks/raas_overhead.py            # 3.2M-param model, 8 rounds
     .venv/bin/python benchmarks/raas_overhead.py --quick    # small model, 3 rounds
+    .venv/bin/python benchmarks/raas_overhead.py --endpoint --skip-node   # endpoint table only
 
 Timings on a shared 2-core machine are noisy (+-30%); the script runs the two paths
 alternately ``--repeats`` times and reports the median of each.
@@ -52,6 +59,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=8, help="batches of `capacity` tasks")
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each path")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--endpoint", action="store_true", help="also measure the agent endpoint")
+    p.add_argument("--skip-node", action="store_true", help="skip the node rows")
     args = p.parse_args()
     if args.quick:
         args.hidden, args.layers, args.rounds, args.repeats, args.new_tokens = 64, 2, 3, 1, 24
@@ -260,6 +269,105 @@ async def run_node(
         proc.wait(30)
 
 
+async def run_endpoint_pair(
+    root: Path, args: argparse.Namespace, engine_cfg: dict[str, Any]
+) -> dict[str, dict[str, float]]:
+    """Direct ``PolicyHandle.generate`` vs the agent endpoint, same policy, prompts, seeds."""
+    import openai
+    from transformers import AutoTokenizer
+
+    from astraflow.raas.endpoint import AgentEndpoint
+    from astraflow.raas.engines.base import EngineContext, build_engine
+    from astraflow.raas.policy import NodePolicy
+    from astraflow.weights import WeightClient
+    from astraflow.workflows.agent import AgentConfig, AgentSession
+    from astraflow.workflows.api import SamplingParams
+    from astraflow.workflows.chat_format import ChatFormat
+
+    client = WeightClient(root / "weights")
+    assets = client.fetch_assets("policy", root / "ep-assets")
+    tok = AutoTokenizer.from_pretrained(assets)
+    context = EngineContext(policy="policy", tokenizer=tok, work_dir=root / "ep", assets_dir=assets)
+    policy = NodePolicy(
+        "policy", tok, build_engine(engine_cfg, context), frozen=False, from_store=False
+    )
+    await policy.load(client, 0)
+    fmt = ChatFormat(tok)
+    endpoint = AgentEndpoint()
+    await endpoint.start()
+    config = AgentConfig(entry="astraflow.examples.openai_search_agent:run", max_tokens_limit=4096)
+    per_round = args.batch * args.group
+    texts = prompts(per_round * args.rounds)
+    chats = [[{"role": "user", "content": t}] for t in texts]
+    ids = [tok.encode(fmt.render(c), add_special_tokens=False) for c in chats]
+
+    async def direct(i: int) -> int:
+        params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=1234 + i)
+        (gen,) = await policy.generate(ids[i], params)
+        return len(gen.token_ids)
+
+    async def via_endpoint(i: int, sdk: Any) -> int:
+        reply = await sdk.chat.completions.create(
+            model="policy", messages=chats[i], max_tokens=args.new_tokens, seed=1234 + i
+        )
+        return int(reply.usage.completion_tokens)
+
+    out: dict[str, list[dict[str, float]]] = {"direct": [], "endpoint": []}
+    await direct(0)  # warm-up
+    for _ in range(args.repeats):
+        for path in ("direct", "endpoint"):
+            sessions = [
+                endpoint.open(AgentSession("", {"policy": policy}, {"policy": fmt}, config))
+                for _ in range(per_round)
+            ]
+            sdks = [
+                openai.AsyncOpenAI(base_url=s.base_url, api_key=s.api_key, max_retries=0)
+                for s in sessions
+            ]
+            tokens = 0
+            started = time.perf_counter()
+            for r in range(args.rounds):
+                idx = range(r * per_round, (r + 1) * per_round)
+                if path == "direct":
+                    done = await asyncio.gather(*(direct(i) for i in idx))
+                else:
+                    done = await asyncio.gather(
+                        *(via_endpoint(i, sdks[i % per_round]) for i in idx)
+                    )
+                tokens += sum(done)
+            elapsed = time.perf_counter() - started
+            for s, sdk in zip(sessions, sdks, strict=True):
+                endpoint.close(s)
+                await sdk.close()
+            out[path].append({"tokens": tokens, "seconds": elapsed})
+    await endpoint.stop()
+    await policy.close()
+    client.close()
+    return {
+        k: {
+            "rate": statistics.median(r["tokens"] / r["seconds"] for r in v),
+            "tokens": v[0]["tokens"],
+            "runs": [round(r["tokens"] / r["seconds"]) for r in v],  # type: ignore[dict-item]
+        }
+        for k, v in out.items()
+    }
+
+
+def print_endpoint(result: dict[str, dict[str, Any]]) -> None:
+    """The endpoint table."""
+    base = result["direct"]["rate"]
+    print(f"\n{'path':<38}{'tokens':>8}{'tokens/s (median)':>19}{'overhead':>10}  runs")
+    labels = {
+        "direct": "PolicyHandle.generate (baseline)",
+        "endpoint": "/v1/chat/completions (openai SDK)",
+    }
+    for key, label in labels.items():
+        r = result[key]
+        over = "" if key == "direct" else f"{1 - r['rate'] / base:+.1%}"
+        print(f"{label:<38}{int(r['tokens']):>8}{r['rate']:>19.0f}{over:>10}  {r['runs']}")
+    print("endpoint overhead = 1 - endpoint tokens/s / direct tokens/s (target < 10%)")
+
+
 async def main() -> None:
     args = parse_args()
     if args.threads:
@@ -281,13 +389,26 @@ async def main() -> None:
             f"{args.group} completions x <= {args.new_tokens} new tokens; {args.rounds} rounds; "
             f"torch threads {torch.get_num_threads()}; cpu x{os.cpu_count()}"
         )
-        runs: dict[str, list[dict[str, float]]] = {"direct": [], "node1": [], "node2": []}
-        for run in range(args.repeats):
-            runs["direct"].append(await run_direct(root, args, engine_cfg))
-            runs["node1"].append(await run_node(root, args, engine_cfg, 2 * run, args.batch))
-            runs["node2"].append(
-                await run_node(root, args, engine_cfg, 2 * run + 1, 2 * args.batch)
-            )
+        if args.endpoint:
+            print_endpoint(await run_endpoint_pair(root, args, engine_cfg))
+        if not args.skip_node:
+            print_node(await node_rows(root, args, engine_cfg), args)
+
+
+async def node_rows(
+    root: Path, args: argparse.Namespace, engine_cfg: dict[str, Any]
+) -> dict[str, list[dict[str, float]]]:
+    """Direct engine vs the node at two capacities, alternating ``repeats`` times."""
+    runs: dict[str, list[dict[str, float]]] = {"direct": [], "node1": [], "node2": []}
+    for run in range(args.repeats):
+        runs["direct"].append(await run_direct(root, args, engine_cfg))
+        runs["node1"].append(await run_node(root, args, engine_cfg, 2 * run, args.batch))
+        runs["node2"].append(await run_node(root, args, engine_cfg, 2 * run + 1, 2 * args.batch))
+    return runs
+
+
+def print_node(runs: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
+    """The node table."""
     names = {
         "direct": "engine.generate (baseline)",
         "node1": f"node, capacity {args.batch}",

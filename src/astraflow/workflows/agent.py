@@ -177,9 +177,7 @@ class AgentWorkflow:
         if missing:
             raise WorkflowError(f"agent policies {missing} are not hosted here")
         available = {**self.tools, **{k: v for k, v in tools.items() if k in self.tools}}
-        episodes = [
-            self._episode(task, policies, available, i) for i in range(task.group_size)
-        ]
+        episodes = [self._episode(task, policies, available, i) for i in range(task.group_size)]
         groups = await asyncio.gather(*episodes)
         return [s for group in groups for s in group]
 
@@ -232,7 +230,9 @@ def _openai_client(session: AgentSession, timeout_s: float) -> Any:
     try:
         import openai
     except ImportError as exc:
-        raise ConfigError("the agent workflow needs the 'openai' package: pip install openai") from exc
+        raise ConfigError(
+            "the agent workflow needs the 'openai' package: pip install openai"
+        ) from exc
     return openai.AsyncOpenAI(
         base_url=session.base_url, api_key=session.api_key, max_retries=0, timeout=timeout_s
     )

@@ -90,7 +90,9 @@ def content_text(content: Any) -> str:
 
 def _call_block(name: str, arguments: str) -> str:
     """The canonical hermes block for one call (``arguments``: JSON text of an object)."""
-    return '<tool_call>{"name": ' + json.dumps(name) + ', "arguments": ' + arguments + "}</tool_call>"
+    return (
+        '<tool_call>{"name": ' + json.dumps(name) + ', "arguments": ' + arguments + "}</tool_call>"
+    )
 
 
 def _arguments_text(arguments: Any) -> str:

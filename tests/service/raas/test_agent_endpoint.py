@@ -167,6 +167,9 @@ async def test_64_concurrent_agents_see_only_their_own_tokens(
         assert end == len(sample.token_ids)
         text = tok.decode(sample.token_ids.tolist())
         assert text.count(f"user: {task.payload['prompt']}") == 2
+        runs = np.flatnonzero(np.diff(np.r_[0, sample.loss_mask]) == 1)
+        before_last = tok.decode(sample.token_ids[: runs[-1]].tolist())
+        assert before_last == fmt.render(last), "context = the template's rendering"
 
 
 async def test_agent_that_raises_fails_the_task(endpoint: AgentEndpoint) -> None:
@@ -181,7 +184,9 @@ async def test_bad_requests_get_openai_errors(endpoint: AgentEndpoint) -> None:
 
     policy = TinyPolicy("policy")
     cfg = AgentConfig(entry="fixtures.agents:chat_agent", max_tokens_limit=64)
-    session = endpoint.open(AgentSession("", {"policy": policy}, {"policy": ChatFormat(policy.tokenizer)}, cfg))
+    session = endpoint.open(
+        AgentSession("", {"policy": policy}, {"policy": ChatFormat(policy.tokenizer)}, cfg)
+    )
     client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
     hi = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.NotFoundError) as nf:
@@ -213,7 +218,9 @@ async def test_bad_requests_get_openai_errors(endpoint: AgentEndpoint) -> None:
     # nothing of the refused requests was recorded
     assert session.recorder.calls == 0
     reply = await client.chat.completions.create(model="policy", messages=hi, max_tokens=3)
-    assert reply.usage is not None and reply.usage.completion_tokens == len(policy.generations[0].token_ids)
+    assert reply.usage is not None and reply.usage.completion_tokens == len(
+        policy.generations[0].token_ids
+    )
     endpoint.close(session)
     with pytest.raises(openai.AuthenticationError):
         await client.chat.completions.create(model="policy", messages=hi, max_tokens=2)

@@ -11,10 +11,11 @@ OpenAI error object with a 4xx status, and an unexpected failure a 500 naming no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pydantic
@@ -37,6 +38,15 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 16 << 20
 
 Handler = Callable[[AgentSession, Any], Awaitable[dict[str, Any]]]
+
+
+class _NodeServer(uvicorn.Server):
+    """Uvicorn without its signal capture: the node owns SIGTERM/SIGINT, and the endpoint
+    must keep serving running agents through the node's graceful stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class AgentEndpoint:
@@ -96,8 +106,7 @@ class AgentEndpoint:
             lifespan="off",
             access_log=False,
         )
-        self._server = uvicorn.Server(config)
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the node owns signals
+        self._server = _NodeServer(config)
         self._serving = asyncio.create_task(self._server.serve(), name="agent-endpoint")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -135,10 +144,10 @@ class AgentEndpoint:
         return session
 
     async def _chat(self, request: Request) -> Response:
-        return await self._serve(request, ChatRequest, chat_completion)  # type: ignore[arg-type]  # handler typed per request model
+        return await self._serve(request, ChatRequest, chat_completion)
 
     async def _completions(self, request: Request) -> Response:
-        return await self._serve(request, CompletionRequest, text_completion)  # type: ignore[arg-type]  # handler typed per request model
+        return await self._serve(request, CompletionRequest, text_completion)
 
     async def _models(self, request: Request) -> Response:
         try:
@@ -210,9 +219,7 @@ async def _sse(reply: dict[str, Any]) -> Any:
         else:
             delta = dict(choice["message"])
             if delta.get("tool_calls"):
-                delta["tool_calls"] = [
-                    {"index": i, **c} for i, c in enumerate(delta["tool_calls"])
-                ]
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
             chunk = {
                 **{k: v for k, v in reply.items() if k != "usage"},
                 "object": chunk_type,

@@ -74,7 +74,9 @@ async def _generate(
     try:
         return await handle.generate(prepared.prompt_ids, sampling, n=n)
     except ValidationError as exc:
-        raise EndpointError(400, str(exc), param="messages", code="context_length_exceeded") from exc
+        raise EndpointError(
+            400, str(exc), param="messages", code="context_length_exceeded"
+        ) from exc
     except ServiceUnavailableError as exc:
         raise EndpointError(503, str(exc), type="server_error", code="unavailable") from exc
 

@@ -30,7 +30,7 @@ class EndpointError(Exception):
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",  # noqa: A002  # the OpenAI field name
+        type: str = "invalid_request_error",  # the OpenAI field name
         param: str | None = None,
         code: str | None = None,
     ) -> None:
