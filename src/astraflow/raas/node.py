@@ -211,6 +211,8 @@ class RolloutNode:
             f"busy_s.{name}": float(p.engine.metrics().get("busy_s", 0.0))
             for name, p in self.policies.items()
         }
+        if self.endpoint is not None:  # the agent endpoint's capture figures (segments ...)
+            busy.update({f"agent.{k}": v for k, v in self.endpoint.metrics().items()})
         return stats.model_copy(update={"extra": {**stats.extra, **busy}}) if busy else stats
 
     # ----------------------------------------------------------------- lease loop

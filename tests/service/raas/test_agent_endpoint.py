@@ -142,6 +142,8 @@ async def test_not_append_only_template_yields_segments(endpoint: AgentEndpoint)
     assert len({s.group_id for s in samples}) == 1
     for sample in samples:
         assert len(check_accounting(sample, policy)) == 1
+    totals = endpoint.metrics()  # reported by the node with its stats
+    assert totals["template_breaks"] == 2 and totals["segments"] == 3
 
 
 async def test_64_concurrent_agents_see_only_their_own_tokens(

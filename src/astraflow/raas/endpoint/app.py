@@ -61,6 +61,7 @@ class AgentEndpoint:
         self._serving: asyncio.Task[None] | None = None
         self.requests = 0
         self.errors = 0
+        self._totals = {"episodes": 0, "calls": 0, "continued": 0, "segments": 0, "breaks": 0}
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -83,15 +84,40 @@ class AgentEndpoint:
         return session
 
     def close(self, session: AgentSession) -> None:
-        """Revoke the session's key."""
-        self._sessions.pop(session.api_key, None)
+        """Revoke the session's key and add its capture figures to the node's totals."""
+        if self._sessions.pop(session.api_key, None) is None:
+            return
+        rec = session.recorder
+        for key, value in (
+            ("episodes", 1),
+            ("calls", rec.calls),
+            ("continued", rec.continued),
+            ("segments", rec.segments),
+            ("breaks", rec.template_breaks),
+        ):
+            self._totals[key] += value
+        if rec.template_breaks:
+            log.warning(
+                "chat template not append-only: episode split into segments=%d breaks=%d "
+                "policies=%s",
+                rec.segments,
+                rec.template_breaks,
+                sorted(session.policies),
+            )
 
     def metrics(self) -> dict[str, float]:
-        """Open sessions, requests served and refused."""
+        """Open sessions, requests served and refused, and capture totals of closed episodes
+        (``template_breaks``: calls that extended a conversation the template did not)."""
+        t = self._totals
         return {
             "sessions": float(len(self._sessions)),
             "requests": float(self.requests),
             "errors": float(self.errors),
+            "episodes": float(t["episodes"]),
+            "calls": float(t["calls"]),
+            "continued_calls": float(t["continued"]),
+            "segments": float(t["segments"]),
+            "template_breaks": float(t["breaks"]),
         }
 
     # ----------------------------------------------------------------- lifecycle
