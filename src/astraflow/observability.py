@@ -17,7 +17,16 @@ __all__ = ["LOG_LEVELS", "setup_logging"]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 # Libraries that are chatty at INFO and say nothing a user of astraflow needs.
-_QUIET = ("httpx", "httpx2", "openai", "httpcore", "uvicorn.access", "urllib3", "filelock", "asyncio")
+_QUIET = (
+    "httpx",
+    "httpx2",
+    "openai",
+    "httpcore",
+    "uvicorn.access",
+    "urllib3",
+    "filelock",
+    "asyncio",
+)
 
 
 class _JsonFormatter(logging.Formatter):

@@ -23,18 +23,18 @@ import math
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.errors import ConfigError, WorkflowError
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import TOOL_SPEC, PluginSpec
 from astraflow.records import Name, Sample, Task
 from astraflow.workflows.api import PolicyHandle, Tool
 from astraflow.workflows.capture import EpisodeRecorder
 from astraflow.workflows.chat_format import ChatFormat, TemplateKind
-from astraflow.workflows.registry import WORKFLOWS
+from astraflow.workflows.registry import POLICY_ROLE, WORKFLOWS
 from astraflow.workflows.tools import TOOLS
 
 __all__ = ["AgentConfig", "AgentGateway", "AgentSession", "AgentWorkflow", "GatewayUser"]
@@ -47,11 +47,13 @@ class AgentConfig(ConfigModel):
 
     entry: str = Field(pattern=_ENTRY)
     """The agent: ``package.module:function`` (an async function of task and client)."""
-    policies: list[Name] = Field(default_factory=lambda: ["policy"], min_length=1)
+    policies: Annotated[list[Name], POLICY_ROLE] = Field(
+        default_factory=lambda: ["policy"], min_length=1
+    )
     """Policies the agent may call (its ``model`` names); each is trained on its own tokens."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Extra keyword arguments for the agent function."""
-    tools: list[str | PluginSpec] = Field(default_factory=list)
+    tools: Annotated[list[str | PluginSpec], TOOL_SPEC] = Field(default_factory=list)
     """Tools handed to the agent as ``tools`` (``TOOLS`` names or specs; the node's own
     tools of the same name take precedence)."""
     client: Literal["openai", "base_url"] = "openai"
