@@ -98,7 +98,7 @@ def _record(cls: type) -> dict[str, str]:
 def test_author_protocols() -> None:
     from astraflow.raas.engines import base as engines
     from astraflow.trainer.backends.base import TrainBackend
-    from astraflow.workflows import api
+    from astraflow.workflows import agent, api
     from astraflow.workflows.rewards import Reward
     from astraflow.workflows.tasks import TaskGenerator
 
@@ -111,6 +111,8 @@ def test_author_protocols() -> None:
         "Engine": engines.Engine,
         "WeightSource": engines.WeightSource,
         "TrainBackend": TrainBackend,
+        "AgentGateway": agent.AgentGateway,
+        "GatewayUser": agent.GatewayUser,
     }
     records = {
         "Generation": api.Generation,
