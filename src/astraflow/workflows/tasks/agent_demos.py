@@ -4,7 +4,8 @@ Each ``search_qa`` question gives two (prompt, completion) rows, rendered exactl
 agent's endpoint renders the conversation for a char model (the SIMPLE chat template): the
 search call with the city as query (always right), then the final answer after the tool
 snippet (the agent's own observation), right with probability ``correct_prob`` and otherwise
-another fact of the same document. RL then has to learn which fact the question asks for.
+another name in the snippet (the city, or the other fact of a founding sentence). Every
+demonstration copies from the context; RL has to learn which part the question asks for.
 """
 
 from __future__ import annotations
@@ -85,11 +86,18 @@ class SearchAgentSFT:
                     ),
                 },
             ]
-            others = [f for f in facts[row["doc_id"]] if f != row["answer"]]
+            seen = str(messages[-1]["content"])
+            # wrong answers are other names in the snippet (the city, the other fact of a
+            # founding sentence): every demonstration copies from the context, 30% the right part
+            others = [
+                f
+                for f in {titles[row["doc_id"]], *facts[row["doc_id"]]}
+                if f != row["answer"] and f in seen
+            ]
             right = rng.random() < cfg.correct_prob or not others
             yield {
                 "id": f"{row['id']}-answer",
                 "prompt": render_simple(messages, TOOLS, cfg.eos, generation_prompt=True),
-                "completion": row["answer"] if right else rng.choice(others),
+                "completion": row["answer"] if right else rng.choice(sorted(others)),
                 "correct": right,
             }
