@@ -80,7 +80,7 @@ class AgentSession:
     config: AgentConfig
     recorder: EpisodeRecorder = field(default_factory=EpisodeRecorder)
     base_url: str = ""
-    """``http://127.0.0.1:PORT/v1``, set by the gateway."""
+    """The session's OpenAI base URL, set by the gateway (the key is part of it)."""
 
 
 @runtime_checkable

@@ -174,6 +174,13 @@ async def test_64_concurrent_agents_see_only_their_own_tokens(
         assert before_last == fmt.render(last), "context = the template's rendering"
 
 
+async def test_agent_given_a_bare_base_url(endpoint: AgentEndpoint) -> None:
+    policy = TinyPolicy("policy", script=lambda p: "hello")
+    wf = _workflow(endpoint, "fixtures.agents:url_agent", client="base_url")
+    (sample,) = await wf(_task("t-url", prompt="hi"), {"policy": policy}, {})
+    assert sample.reward == 1.0 and len(check_accounting(sample, policy)) == 1
+
+
 async def test_agent_that_raises_fails_the_task(endpoint: AgentEndpoint) -> None:
     wf = _workflow(endpoint, "fixtures.agents:failing_agent")
     with pytest.raises(WorkflowError, match="crashed"):
@@ -205,14 +212,20 @@ async def test_bad_requests_get_openai_errors(endpoint: AgentEndpoint) -> None:
         await client.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": [{"type": "image_url"}]}]
         )
-    bad = openai.AsyncOpenAI(base_url=session.base_url, api_key="nope", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
+    root_url = session.base_url.split("/e/")[0] + "/v1"
+    bad = openai.AsyncOpenAI(base_url=root_url, api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):  # a key that names no episode
         await bad.models.list()
     await bad.close()
     models = await client.models.list()
     assert [m.id for m in models.data] == ["policy"]
-    async with httpx.AsyncClient(base_url=session.base_url) as raw:
+    root = session.base_url.split("/e/")[0] + "/v1"  # the key in a header instead of the URL
+    async with httpx.AsyncClient(base_url=root) as raw:
         auth = {"Authorization": f"Bearer {session.api_key}"}
+        r = await raw.get("/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = await raw.get("/models", headers=auth)
+        assert r.status_code == 200
         r = await raw.post("/chat/completions", content=b"{not json", headers=auth)
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
         r = await raw.post("/chat/completions", json={"model": "policy"}, headers=auth)

@@ -1,11 +1,13 @@
 """``AgentEndpoint``: one OpenAI-compatible HTTP server per node, a session per episode.
 
 Uvicorn runs on loopback inside the node's own event loop. Each agent episode gets a session
-under a fresh API key (``Authorization: Bearer KEY``); the key picks the session, the session
-its policies and its recorder. Routes decode → ``service`` → encode; every refusal is an
+under a fresh API key (``Authorization: Bearer KEY``, or in the URL: the session's base URL
+is ``/e/KEY/v1``, so a bare base URL works too); the key picks the session, the session its
+policies and its recorder. Routes decode → ``service`` → encode; every refusal is an
 OpenAI error object with a 4xx status, and an unexpected failure a 500 naming no internals.
 
-    POST /v1/chat/completions   POST /v1/completions   GET /v1/models   GET /health
+    POST [/e/KEY]/v1/chat/completions   POST [/e/KEY]/v1/completions
+    GET  [/e/KEY]/v1/models             GET  /health
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from astraflow.errors import ServiceUnavailableError
 from astraflow.raas.endpoint.service import chat_completion, list_models, text_completion
@@ -62,11 +64,15 @@ class AgentEndpoint:
         self.requests = 0
         self.errors = 0
         self._totals = {"episodes": 0, "calls": 0, "continued": 0, "segments": 0, "breaks": 0}
+        api = [
+            Route("/chat/completions", self._chat, methods=["POST"]),
+            Route("/completions", self._completions, methods=["POST"]),
+            Route("/models", self._models, methods=["GET"]),
+        ]
         self.app = Starlette(
             routes=[
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
-                Route("/v1/models", self._models, methods=["GET"]),
+                Mount("/v1", routes=api),
+                Mount("/e/{key}/v1", routes=api),  # the key in the URL: a bare base URL works
                 Route("/health", self._health, methods=["GET"]),
             ]
         )
@@ -79,7 +85,7 @@ class AgentEndpoint:
             raise ServiceUnavailableError("the agent endpoint is not serving")
         key = f"ep-{secrets.token_urlsafe(24)}"
         session.api_key = key
-        session.base_url = f"{self.url}/v1"
+        session.base_url = f"{self.url}/e/{key}/v1"
         self._sessions[key] = session
         return session
 
@@ -157,8 +163,10 @@ class AgentEndpoint:
     # ----------------------------------------------------------------- routes
 
     def _session(self, request: Request) -> AgentSession:
-        auth = request.headers.get("authorization", "")
-        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        key = str(request.path_params.get("key", ""))
+        if not key:
+            auth = request.headers.get("authorization", "")
+            key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         session = self._sessions.get(key) if key else None
         if session is None:
             raise EndpointError(
