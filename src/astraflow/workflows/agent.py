@@ -45,8 +45,9 @@ _ENTRY = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 class AgentConfig(ConfigModel):
     """Config of ``agent``."""
 
-    entry: str = Field(pattern=_ENTRY)
-    """The agent: ``package.module:function`` (an async function of task and client)."""
+    entry: str = Field(default="astraflow.examples.openai_search_agent:run", pattern=_ENTRY)
+    """The agent: ``package.module:function`` (an async function of task and client);
+    default: the shipped example search agent."""
     policies: Annotated[list[Name], POLICY_ROLE] = Field(
         default_factory=lambda: ["policy"], min_length=1
     )
