@@ -97,24 +97,31 @@ class EnvFactory:
         """Traits of an instance (a remote env learns them from its server)."""
         return env_traits(env)
 
+    async def acreate(self) -> AsyncEnvironment:
+        """A fresh instance behind the async face (built in a worker thread)."""
+        return as_async(await asyncio.to_thread(self.create))
+
+    @contextlib.asynccontextmanager
+    async def gate(self) -> AsyncIterator[None]:
+        """Held for a whole episode: environments that declare ``concurrent_sessions = False``
+        get one live episode per process at a time (others wait here)."""
+        if self.traits.concurrent_sessions:
+            yield
+            return
+        lock = _exclusive_for(self.cls)
+        while not lock.acquire(blocking=False):
+            await asyncio.sleep(0.01)
+        try:
+            yield
+        finally:
+            lock.release()
+
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[AsyncEnvironment]:
-        """A fresh instance behind the async face, closed on exit.
-
-        Environments that declare ``concurrent_sessions = False`` get one live session per
-        process at a time (others wait here).
-        """
-        gate = None if self.traits.concurrent_sessions else _exclusive_for(self.cls)
-        if gate is not None:
-            while not gate.acquire(blocking=False):
-                await asyncio.sleep(0.01)
-        try:
-            env = await asyncio.to_thread(self.create)
-            aenv = as_async(env)
+        """A fresh instance, inside :meth:`gate`, closed on exit."""
+        async with self.gate():
+            env = await self.acreate()
             try:
-                yield aenv
+                yield env
             finally:
-                await aenv.aclose()
-        finally:
-            if gate is not None:
-                gate.release()
+                await env.aclose()

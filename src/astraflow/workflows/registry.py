@@ -11,6 +11,7 @@ the workflow that runs it (``task.workflow``). Built-ins register on first looku
 | ``solver_selector`` | ``solver``, ``selector`` | ``workflows/multi_policy.py`` |
 | ``solver_testgen`` | ``solver``, ``testgen`` | ``workflows/testgen.py`` |
 | ``long_tail`` | those of the workflow it wraps | ``workflows/length_tail.py`` |
+| ``env`` | ``policy`` (drives any ``astraflow.envs`` environment) | ``workflows/env.py`` |
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ WORKFLOWS: Registry[Workflow] = Registry(
         "astraflow.workflows.multi_policy",
         "astraflow.workflows.testgen",
         "astraflow.workflows.length_tail",
+        "astraflow.workflows.env",
     ),
 )
 
