@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import pydantic
 import uvicorn
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, field_validator
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -85,6 +85,11 @@ class EnvServerConfig(ConfigModel):
     """Larger request bodies are refused with 413."""
     seed: int = 0
     """Seed of the environments' private RNGs."""
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_name(cls, value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) else value
 
     def bearer(self) -> str | None:
         """The configured token, or the environment's."""

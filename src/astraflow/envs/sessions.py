@@ -150,6 +150,7 @@ class SessionPool:
     def state(self, episode_id: str) -> dict[str, Any]:
         """``episode_id``, ``step_count``, ``done`` and the environment's own ``state()``."""
         session = self.get(episode_id)
+        session.last_used = time.monotonic()
         out: dict[str, Any] = {
             "episode_id": episode_id,
             "step_count": session.step_count,

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from astraflow.config import ConfigModel
 from astraflow.envs.protocol import (
@@ -85,6 +85,11 @@ class EnvWorkflowConfig(ConfigModel):
     """Subtracted from the trained reward per invalid action (shaping; 0: off)."""
     env_timeout_s: float = Field(default=60.0, gt=0)
     """Longest reset/step/close call; longer fails the task."""
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_name(cls, value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) else value
 
 
 def episode_seed(task: Task) -> int:

@@ -82,12 +82,12 @@ async def test_five_turn_episode_masks_and_logprobs_are_exact(tmp_path: Path) ->
     tok = policy.tokenizer
     gens = policy.generations
     assert len(gens) == 5 and sample.meta["turns"] == 5
-    observations = [" play:", " s7 n5 >", " n4 >", " n3 >", " n2 >", " n1 >"]
+    observations = [" play:", " c7 d5 >", " d4 >", " d3 >", " d2 >", " d1 >"]
     expect_ids: list[int] = []
     expect_mask: list[int] = []
     expect_lp: list[float] = []
     for i, gen in enumerate(gens):
-        obs = tok.encode(("play: s7 n5 >" if i == 0 else observations[i + 1]),
+        obs = tok.encode(("play: c7 d5 >" if i == 0 else observations[i + 1]),
                          add_special_tokens=False)  # fmt: skip
         assert gen.prompt_ids.tolist() == expect_ids + obs, "each turn sees the whole episode"
         expect_ids += obs + gen.token_ids.tolist()
@@ -115,7 +115,7 @@ async def test_group_episodes_share_the_seed(tmp_path: Path) -> None:
     policy = _policy(tmp_path)
     samples = await _workflow(turns=2)(_task(group_size=3, seed=4), {"policy": policy}, {})
     assert len(samples) == 3
-    first_obs = tok_first = policy.tokenizer.encode("play: s4 n2 >", add_special_tokens=False)
+    first_obs = tok_first = policy.tokenizer.encode("play: c4 d2 >", add_special_tokens=False)
     for s in samples:
         assert s.token_ids[: len(tok_first)].tolist() == first_obs
         assert s.meta["seed"] == 4 and s.group_id == "t1"
