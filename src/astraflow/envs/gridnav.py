@@ -3,10 +3,11 @@
 The agent stands on cell ``x,y`` of a ``width`` × ``height`` grid and is told where the goal
 is; each turn it answers one move (``n`` north = y+1, ``s``, ``e`` east = x+1, ``w``) and sees
 where it stands now. It has ``distance + slack`` moves; reaching the goal gives reward 1 and
-ends the episode. A move off the grid or an unknown action wastes the turn (flagged
+ends the episode (``progress_reward`` adds shaping: that much per move towards the goal, minus
+as much per move away). A move off the grid or an unknown action wastes the turn (flagged
 ``invalid_action``). Observations are short (``goal 4,1 at 0,3 >``, then ``at 1,3 >``) so a
 0.4M-parameter character model can play it; :meth:`GridNav.expert_action` is the scripted
-expert the CPU recipe warms up from.
+expert the CPU recipe warms up from. ``info["success"]`` (last step) says whether it got there.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class GridNavConfig(ConfigModel):
     """Moves allowed beyond the shortest path."""
     min_distance: int = Field(default=2, ge=1)
     """Shortest start-to-goal distance of an episode."""
+    progress_reward: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Shaping: reward per move that brings the agent closer to the goal (minus as much per
+    move away); reaching the goal adds 1 on top. 0: reward only at the goal."""
     holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Share of (start, goal) layouts kept for ``options={"split": "eval"}`` episodes;
     ``"train"`` episodes never see them (0: no split)."""
@@ -104,6 +108,7 @@ class GridNav:
         if self.done:
             raise RuntimeError("step() after the episode ended; call reset()")
         self.steps += 1
+        before = self.distance()
         move = MOVES.get(action.strip().lower())
         invalid = move is None
         if move is not None:
@@ -119,7 +124,8 @@ class GridNav:
         info[INVALID_ACTION] = invalid
         if self.done:
             info[SUCCESS] = won
-        return f"at {self.pos[0]},{self.pos[1]} >", 1.0 if won else 0.0, won, truncated, info
+        reward = (1.0 if won else 0.0) + self.config.progress_reward * (before - self.distance())
+        return f"at {self.pos[0]},{self.pos[1]} >", reward, won, truncated, info
 
     def expert_action(self) -> str:
         """A shortest-path move (x first, then y)."""

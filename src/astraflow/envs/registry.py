@@ -39,7 +39,11 @@ __all__ = ["ENVS", "EnvFactory", "EnvSpec"]
 ENVS: Registry[object] = Registry(
     "env",
     object,
-    ("astraflow.envs.gridnav",),
+    (
+        "astraflow.envs.gridnav",
+        "astraflow.envs.gym_adapter",
+        "astraflow.envs.remote",
+    ),
 )
 """Environment classes by name; register with ``@ENVS.register("name")``."""
 
