@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -41,6 +41,9 @@ class GridNavConfig(ConfigModel):
     progress_reward: float = Field(default=0.0, ge=0.0, le=1.0)
     """Shaping: reward per move that brings the agent closer to the goal (minus as much per
     move away); reaching the goal adds 1 on top. 0: reward only at the goal."""
+    view: Literal["absolute", "relative"] = "absolute"
+    """What the agent is told: cells (``goal 4,1 at 0,3 >``, then ``at 1,3 >``) or the goal's
+    offset from where it stands (``goal 4e 2s >`` every turn)."""
     holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Share of (start, goal) layouts kept for ``options={"split": "eval"}`` episodes;
     ``"train"`` episodes never see them (0: no split)."""
@@ -92,8 +95,14 @@ class GridNav:
         self.budget = self.distance() + cfg.slack
         self.steps = 0
         self.done = False
+        if self.config.view == "relative":
+            return self._relative(), self._info()
         obs = f"goal {self.goal[0]},{self.goal[1]} at {self.pos[0]},{self.pos[1]} >"
         return obs, self._info()
+
+    def _relative(self) -> str:
+        dx, dy = self.goal[0] - self.pos[0], self.goal[1] - self.pos[1]
+        return f"goal {abs(dx)}{'e' if dx >= 0 else 'w'} {abs(dy)}{'n' if dy >= 0 else 's'} >"
 
     def _held_out(self) -> bool:
         key = f"{self.pos}{self.goal}".encode()
@@ -125,6 +134,8 @@ class GridNav:
         if self.done:
             info[SUCCESS] = won
         reward = (1.0 if won else 0.0) + self.config.progress_reward * (before - self.distance())
+        if self.config.view == "relative":
+            return self._relative(), reward, won, truncated, info
         return f"at {self.pos[0]},{self.pos[1]} >", reward, won, truncated, info
 
     def expert_action(self) -> str:
