@@ -36,7 +36,7 @@ from astraflow.plugins import PluginSpec, Registry, plugin_rng, validate_config
 
 __all__ = ["ENVS", "EnvFactory", "EnvSpec"]
 
-ENVS: Registry[object] = Registry(
+ENVS: Registry[Any] = Registry(
     "env",
     object,
     (

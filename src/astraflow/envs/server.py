@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import pydantic
 import uvicorn
@@ -44,7 +44,7 @@ from astraflow.errors import (
     ServiceUnavailableError,
     ValidationError,
 )
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import ENV_SPEC, PluginSpec
 
 __all__ = ["TOKEN_ENV", "EnvServer", "EnvServerConfig", "ThreadedEnvServer", "create_app", "serve"]
 
@@ -67,7 +67,7 @@ _STATUS: tuple[tuple[type[AstraflowError], int], ...] = (
 class EnvServerConfig(ConfigModel):
     """One environment server."""
 
-    env: PluginSpec
+    env: Annotated[PluginSpec, ENV_SPEC]
     """The environment served (``ENVS`` name or ``module:Class`` plus kwargs)."""
     host: str = "127.0.0.1"
     """Address to bind."""

@@ -23,7 +23,7 @@ import random
 import zlib
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, field_validator
 
@@ -40,8 +40,8 @@ from astraflow.envs.protocol import (
 )
 from astraflow.envs.registry import EnvFactory
 from astraflow.errors import EnvError, ValidationError
-from astraflow.plugins import PluginSpec
-from astraflow.records import Name, Sample, Task
+from astraflow.plugins import ENV_SPEC, PluginSpec
+from astraflow.records import Sample, Task
 from astraflow.workflows.api import PolicyHandle, SamplingParams, Tool, Trajectory
 from astraflow.workflows.env_turns import (
     ActionConfig,
@@ -50,7 +50,7 @@ from astraflow.workflows.env_turns import (
     observation_text,
 )
 from astraflow.workflows.prompts import fill, get_policy
-from astraflow.workflows.registry import WORKFLOWS
+from astraflow.workflows.registry import WORKFLOWS, PolicyName
 
 __all__ = ["EnvWorkflow", "EnvWorkflowConfig", "episode_seed", "plain_turn"]
 
@@ -60,9 +60,9 @@ T = TypeVar("T")
 class EnvWorkflowConfig(ConfigModel):
     """Config of the ``env`` workflow."""
 
-    policy: Name = "policy"
+    policy: PolicyName = "policy"
     """Name of the policy that acts (and is trained)."""
-    env: PluginSpec
+    env: Annotated[PluginSpec, ENV_SPEC]
     """The environment: ``ENVS`` name or ``module:Class`` plus its kwargs, or ``remote``."""
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_new_tokens=64))
     """Sampling of every turn (``max_new_tokens`` bounds the tokens of one action)."""

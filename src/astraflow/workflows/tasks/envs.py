@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -23,7 +23,7 @@ from astraflow.config import ConfigModel
 from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, check_reset, check_step
 from astraflow.envs.registry import EnvFactory
 from astraflow.errors import ConfigError
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import ENV_SPEC, PluginSpec
 from astraflow.workflows.env import plain_turn
 from astraflow.workflows.tasks import GENERATORS
 
@@ -69,7 +69,7 @@ class EnvEpisodes:
 class EnvSFTConfig(ConfigModel):
     """Config of ``env_sft``."""
 
-    env: PluginSpec
+    env: Annotated[PluginSpec, ENV_SPEC]
     """The environment (it must have ``expert_action()`` and admissible actions)."""
     size: int = Field(default=1000, ge=1)
     """Episodes played."""
