@@ -62,7 +62,7 @@ class EnvWorkflowConfig(ConfigModel):
 
     policy: PolicyName = "policy"
     """Name of the policy that acts (and is trained)."""
-    env: Annotated[PluginSpec, ENV_SPEC]
+    env: Annotated[PluginSpec, ENV_SPEC] = Field(default_factory=lambda: PluginSpec(type="gridnav"))
     """The environment: ``ENVS`` name or ``module:Class`` plus its kwargs, or ``remote``."""
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_new_tokens=64))
     """Sampling of every turn (``max_new_tokens`` bounds the tokens of one action)."""
