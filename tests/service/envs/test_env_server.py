@@ -244,6 +244,8 @@ async def test_killing_the_env_server_fails_its_tasks_and_the_run_goes_on(
         report = client.report()
         assert (report.tasks.done, report.tasks.failed) == (8, 0)
         assert done_while_down < 8
+        figures = report.policies["policy"].sample_metrics
+        assert figures["env/turns"] == 4.0 and 0.0 <= figures["env/success"] <= 1.0
         samples = await _take_all(client, 16)
         assert len(samples) == 16, "every task's group exactly once, none from a failed attempt"
         assert set(Counter(s.task_id for s in samples).values()) == {2}
