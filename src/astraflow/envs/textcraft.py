@@ -26,6 +26,8 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
+from astraflow.envs.registry import ENVS
 
 __all__ = ["TextCraft", "recipe_book"]
 
@@ -156,6 +158,7 @@ class TextCraftConfig(ConfigModel):
     """Actions per episode before it is truncated."""
 
 
+@ENVS.register("textcraft")
 class TextCraft:
     """The TextCraft environment (one episode at a time)."""
 
@@ -201,7 +204,7 @@ class TextCraft:
         obs = f"Crafting commands:\n{commands}\n\nGoal: craft {_to_name(self.goal)}."
         return obs, {"goal": _to_name(self.goal)}
 
-    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> StepResult:
         """Apply ``get``, ``craft ... using ...`` or ``inventory``."""
         if self.done:
             raise RuntimeError("textcraft: the episode is over; call reset()")
@@ -211,9 +214,9 @@ class TextCraft:
         success = self.inventory.get(self.goal, 0) > 0
         truncated = not success and self.turns >= self.max_turns
         self.done = success or truncated
-        info: dict[str, Any] = {"invalid_action": invalid}
+        info: dict[str, Any] = {INVALID_ACTION: invalid}
         if self.done:
-            info["success"] = success
+            info[SUCCESS] = success
         return obs, 1.0 if success else 0.0, success, truncated, info
 
     def close(self) -> None:
