@@ -18,6 +18,7 @@ import collections
 import functools
 import random
 import threading
+import warnings
 from typing import Any
 
 from pydantic import Field
@@ -58,7 +59,10 @@ def _start(path: str) -> Any:
     import textworld  # type: ignore[import-untyped]
 
     infos = textworld.EnvInfos(admissible_commands=True, facts=True, description=True)
-    return textworld.start(path, infos)
+    with warnings.catch_warnings():
+        # jericho warns that it cannot track score of TextWorld games: we never read its score
+        warnings.filterwarnings("ignore", message=".*is not fully supported")
+        return textworld.start(path, infos)
 
 
 def _release(path: str, game: Any) -> None:

