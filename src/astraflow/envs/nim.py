@@ -26,9 +26,10 @@ from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, INVALID_ACTION, SUCCESS, StepResult
+from astraflow.envs.players import GAMES
 from astraflow.envs.registry import ENVS
 
-__all__ = ["Nim", "NimConfig", "NimMatch", "draw_piles", "optimal_move"]
+__all__ = ["Nim", "NimConfig", "NimGame", "NimGameConfig", "NimMatch", "draw_piles", "optimal_move"]
 
 
 def draw_piles(seed: int | None, piles: int, max_pile: int) -> list[int]:
@@ -99,13 +100,68 @@ class NimMatch:
         return {p: 1.0 if raw.get(p, 0) > 0 else 0.0 for p in self.players}
 
 
-class NimConfig(ConfigModel):
-    """Pile sizes and the scripted opponent."""
+class NimGameConfig(ConfigModel):
+    """Pile sizes."""
 
     piles: int = Field(default=3, ge=2, le=6)
     """Number of piles."""
     max_pile: int = Field(default=5, ge=1, le=20)
     """Largest pile size."""
+
+
+@GAMES.register("nim")
+class NimGame:
+    """Nim between two players (the multi-player adapter over :class:`NimMatch`)."""
+
+    Config = NimGameConfig
+    players = (0, 1)
+
+    def __init__(self, config: NimGameConfig | None = None, rng: random.Random | None = None):
+        self.config = config or NimGameConfig()
+        self.match: NimMatch | None = None
+
+    def _match(self) -> NimMatch:
+        if self.match is None:
+            raise RuntimeError("nim: call reset() first")
+        return self.match
+
+    def reset(self, seed: int | None = None) -> None:
+        """Piles drawn by ``seed`` (player 0 can force a win)."""
+        self.match = NimMatch(draw_piles(seed, self.config.piles, self.config.max_pile))
+
+    @property
+    def current(self) -> int:
+        """The player to move (0 before the first reset)."""
+        return self.match.current if self.match is not None else 0
+
+    @property
+    def done(self) -> bool:
+        """Whether the match is over (False before the first reset)."""
+        return self.match.done if self.match is not None else False
+
+    def observe(self, player: int) -> str:
+        """What ``player`` was told since it last looked."""
+        return self._match().observe(player)
+
+    def legal_actions(self) -> list[str] | None:
+        """Every legal move."""
+        return legal_moves(self._match().piles)
+
+    def play(self, action: str) -> bool:
+        """The current player's move."""
+        return self._match().play(action)
+
+    def rewards(self) -> dict[int, float]:
+        """1 for the winner, 0 for the loser."""
+        return self._match().rewards()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class NimConfig(NimGameConfig):
+    """Pile sizes and the scripted opponent."""
+
     opponent_skill: float = Field(default=1.0, ge=0.0, le=1.0)
     """Probability that the opponent plays the optimal move (else a random legal one)."""
     max_turns: int = Field(default=32, ge=1, le=200)

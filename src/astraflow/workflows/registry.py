@@ -10,6 +10,7 @@ the workflow that runs it (``task.workflow``). Built-ins register on first looku
 | ``solver_verifier`` | ``solver``, ``verifier`` | ``workflows/multi_policy.py`` |
 | ``solver_selector`` | ``solver``, ``selector`` | ``workflows/multi_policy.py`` |
 | ``solver_testgen`` | ``solver``, ``testgen`` | ``workflows/testgen.py`` |
+| ``env_players`` | ``players`` (one policy per seat) | ``workflows/env_players.py`` |
 | ``long_tail`` | those of the workflow it wraps | ``workflows/length_tail.py`` |
 | ``env`` | ``policy`` (drives any ``astraflow.envs`` environment) | ``workflows/env.py`` |
 """
@@ -45,6 +46,7 @@ WORKFLOWS: Registry[Workflow] = Registry(
         "astraflow.workflows.testgen",
         "astraflow.workflows.length_tail",
         "astraflow.workflows.env",
+        "astraflow.workflows.env_players",
     ),
 )
 
