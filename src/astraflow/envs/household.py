@@ -58,7 +58,8 @@ def _start(path: str) -> Any:
             return _POOL[path].pop()
     import textworld  # type: ignore[import-untyped]
 
-    infos = textworld.EnvInfos(admissible_commands=True, facts=True, description=True)
+    # no ``description``: TextWorld gets it by sending an extra "look" each step (2x the cost)
+    infos = textworld.EnvInfos(admissible_commands=True, facts=True)
     with warnings.catch_warnings():
         # jericho warns that it cannot track score of TextWorld games: we never read its score
         warnings.filterwarnings("ignore", message=".*is not fully supported")
@@ -114,7 +115,8 @@ class Household:
         self.done = False
         obj, rec = self.task
         prep = "in" if self.world.receptacles[rec][1] == "c" else "on"
-        obs = f"{_clean(self.state.description)}\n\nYour task is to: put the {obj} {prep} the {rec}."
+        room = self.state.feedback[max(0, self.state.feedback.find("-= ")) :]  # after the banner
+        obs = f"{_clean(room)}\n\nYour task is to: put the {obj} {prep} the {rec}."
         return obs, {ADMISSIBLE_ACTIONS: self._admissible()}
 
     def step(self, action: str) -> StepResult:
