@@ -8,8 +8,8 @@ wheel, about 5 s per world, so worlds are generated once into a cache directory:
     python -m astraflow.envs.household_worlds --cache-dir CACHE --worlds 8
 
 and every episode loads a compiled world (``world-<seed>.z8`` and TextWorld's ``.json``, plus
-``world-<seed>.layout.json`` with the layout the expert plans on). Episodes draw a pick-and-place task in a world: any object, any
-receptacle it is not already in.
+``world-<seed>.layout.json`` with the layout the expert plans on). Episodes draw a
+pick-and-place task in a world: any object, any receptacle it is not already in.
 """
 
 from __future__ import annotations
@@ -82,7 +82,8 @@ def _compile(layout: dict[str, Any], path: Path) -> None:
     for room, exits in layout["rooms"].items():
         for direction, other in exits.items():
             if direction in ("east", "north"):
-                maker.connect(getattr(rooms[room], direction), getattr(rooms[other], _opposite(direction)))
+                back = _opposite(direction)
+                maker.connect(getattr(rooms[room], direction), getattr(rooms[other], back))
     maker.set_player(rooms[next(iter(layout["rooms"]))])
     things: dict[str, Any] = {}
     for name, (room, kind, closed) in layout["receptacles"].items():

@@ -25,8 +25,8 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
-from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, INVALID_ACTION, SUCCESS, StepResult
 from astraflow.envs.players import GAMES
+from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, INVALID_ACTION, SUCCESS, StepResult
 from astraflow.envs.registry import ENVS
 
 __all__ = ["Nim", "NimConfig", "NimGame", "NimGameConfig", "NimMatch", "draw_piles", "optimal_move"]
@@ -208,7 +208,8 @@ class Nim:
         won = match.done and match.rewards()[0] == 1.0
         truncated = not match.done and self.turns >= self.max_turns
         self.done = match.done or truncated
-        info: dict[str, Any] = {ADMISSIBLE_ACTIONS: legal_moves(match.piles), INVALID_ACTION: invalid}
+        info: dict[str, Any] = {ADMISSIBLE_ACTIONS: legal_moves(match.piles)}
+        info[INVALID_ACTION] = invalid
         if self.done:
             info[SUCCESS] = won
         return obs, 1.0 if won else 0.0, match.done, truncated, info

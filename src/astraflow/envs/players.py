@@ -16,7 +16,7 @@ Games are plug-ins like environments (``GAMES``; ``cls(config, rng)`` with a pyd
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from astraflow.plugins import Registry
 
@@ -67,7 +67,7 @@ class MultiPlayerGame(Protocol):
         ...
 
 
-GAMES: Registry[Any] = Registry(
+GAMES: Registry[MultiPlayerGame] = Registry(
     "game",
     MultiPlayerGame,  # type: ignore[type-abstract]  # the contract is a Protocol
     ("astraflow.envs.nim",),

@@ -1,4 +1,4 @@
-"""Multi-hop search agent (stands in for Search-R1): answer a question by searching a knowledge base.
+"""Multi-hop search agent (stands in for Search-R1): answer a question by searching a corpus.
 
 The knowledge base is generated from a seed: countries, cities (each in a country, with a
 river), people (each born in a city, with a profession) and companies (each founded by a
@@ -25,9 +25,9 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.envs.bm25 import Bm25Index
 from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
 from astraflow.envs.registry import ENVS
-from astraflow.envs.bm25 import Bm25Index
 
 __all__ = ["KnowledgeBase", "SearchAgent", "build_knowledge_base", "normalize_answer"]
 
@@ -103,10 +103,12 @@ def build_knowledge_base(seed: int = 0, people: int = 400) -> KnowledgeBase:
     for country in countries:
         capital = next((c for c in city_list if cities[c] == country), None)
         titles.append(country)
-        texts.append(f"{country} is a country" + (f" whose capital is {capital}." if capital else "."))
+        tail = f" whose capital is {capital}." if capital else "."
+        texts.append(f"{country} is a country{tail}")
     for city in city_list:
         titles.append(city)
-        texts.append(f"{city} is a city in {cities[city]}. The river {rivers[city]} flows through it.")
+        river = rivers[city]
+        texts.append(f"{city} is a city in {cities[city]}. The river {river} flows through it.")
     for person in person_list:
         job = rng.choice(_PROFESSIONS)
         titles.append(person)

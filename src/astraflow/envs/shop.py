@@ -165,8 +165,8 @@ class Shop:
             if (self.result_page + 1) * _PER_PAGE < len(self.results):
                 lines.append("[Next >]")
             for asin in self._shown():
-                p = self.catalogue.by_asin[asin]
-                lines.append(f"[{asin}] {p.title} ${p.price:.2f}")
+                hit = self.catalogue.by_asin[asin]
+                lines.append(f"[{asin}] {hit.title} ${hit.price:.2f}")
             return "\n".join(lines)
         p = self.item
         assert p is not None
@@ -211,6 +211,8 @@ class Shop:
                 actions.append("click[next >]")
             return actions
         assert self.item is not None
-        return actions + ["click[< prev]", "click[buy now]"] + [
-            f"click[{o}]" for o in self.item.colors + self.item.sizes
-        ]
+        return (
+            actions
+            + ["click[< prev]", "click[buy now]"]
+            + [f"click[{o}]" for o in self.item.colors + self.item.sizes]
+        )

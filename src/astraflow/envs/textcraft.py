@@ -105,7 +105,8 @@ def _book_from_tree(tree: Any) -> RecipeBook:
     for output, recipes in sorted(tree.itemid_recipes.items()):
         for r in recipes:
             inputs = tuple((i.item_tag.name, int(i.count)) for i in r.input_items)
-            by_output.setdefault(output, []).append(Recipe(inputs, output, int(r.output_item.count)))
+            recipe = Recipe(inputs, output, int(r.output_item.count))
+            by_output.setdefault(output, []).append(recipe)
     members: dict[str, list[str]] = {}
     for item_id, tag in sorted(tree.item_id_to_tag.items()):
         if tag in tree.tag_set:

@@ -15,33 +15,35 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, field_validator
 
 from astraflow.config import ConfigModel
 from astraflow.envs.players import GAMES, MultiPlayerGame
 from astraflow.errors import EnvError
-from astraflow.plugins import PluginSpec
+from astraflow.plugins import PluginOf, PluginSpec
 from astraflow.records import Name, Sample, Task
 from astraflow.workflows.api import PolicyHandle, SamplingParams, Tool, Trajectory
 from astraflow.workflows.env import episode_seed, plain_turn
 from astraflow.workflows.env_turns import ActionConfig, ActionParser
 from astraflow.workflows.multi_policy import role_group_ids
 from astraflow.workflows.prompts import get_policy
-from astraflow.workflows.registry import WORKFLOWS
+from astraflow.workflows.registry import POLICY_ROLE, WORKFLOWS
 
 __all__ = ["EnvPlayers", "EnvPlayersConfig"]
 
 T = TypeVar("T")
 
+GAME_SPEC = PluginOf("astraflow.envs.players:GAMES")
+
 
 class EnvPlayersConfig(ConfigModel):
     """Config of the ``env_players`` workflow."""
 
-    game: PluginSpec
+    game: Annotated[PluginSpec, GAME_SPEC]
     """The game: a ``GAMES`` name (``nim``) or ``module:Class`` plus its kwargs."""
-    players: tuple[Name, ...] = ("first", "second")
+    players: Annotated[tuple[Name, ...], POLICY_ROLE] = ("first", "second")
     """Policy of each seat, in the game's player order (a name twice: self-play)."""
     sampling: SamplingParams = Field(default_factory=lambda: SamplingParams(max_new_tokens=16))
     """Sampling of every move."""

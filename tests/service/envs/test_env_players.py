@@ -90,14 +90,14 @@ def _trained_runs(mask: np.ndarray) -> list[tuple[int, int]]:
 
 async def test_each_seat_trains_only_its_own_moves(tmp_path: Path) -> None:
     first, second = _policy("first", tmp_path / "a", 1), _policy("second", tmp_path / "b", 2)
-    samples = await _workflow(["first", "second"])(
-        _task(2), {"first": first, "second": second}, {}
-    )
+    samples = await _workflow(["first", "second"])(_task(2), {"first": first, "second": second}, {})
     by_policy = {p: [s for s in samples if s.policy == p] for p in ("first", "second")}
     assert len(by_policy["first"]) == 2  # player 0 always moves first
     for name, handle in (("first", first), ("second", second)):
         # trained runs are exactly this policy's generations (matches interleave: by content)
-        unused = {(tuple(g.token_ids.tolist()), tuple(g.logprobs.tolist())) for g in handle.generations}
+        unused = {
+            (tuple(g.token_ids.tolist()), tuple(g.logprobs.tolist())) for g in handle.generations
+        }
         assert len(unused) == len(handle.generations)
         for sample in by_policy[name]:
             assert sample.meta["role"] == ("player0" if name == "first" else "player1")

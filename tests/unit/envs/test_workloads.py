@@ -103,7 +103,7 @@ def test_garbage_actions_are_invalid_not_errors(name: str, request: pytest.Fixtu
     env: Any = _factory(name, request).create()
     env.reset(seed=1)
     for action in ["", "x" * 100_000, "craft using", "search[", "click[]", "[99 99]", "\x00\n;"]:
-        obs, reward, terminated, truncated, info = check_step(env.step(action))
+        _, reward, terminated, truncated, info = check_step(env.step(action))
         assert reward == 0.0
         assert info["invalid_action"] is True
         if terminated or truncated:
