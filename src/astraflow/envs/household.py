@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.envs.holdout import choose, split_of
 from astraflow.envs.household_worlds import World, load_worlds
 from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, INVALID_ACTION, SUCCESS, StepResult
 from astraflow.envs.registry import ENVS
@@ -45,11 +46,24 @@ class HouseholdConfig(ConfigModel):
     """Seed of the first world."""
     max_turns: int = Field(default=20, ge=1, le=200)
     """Actions per episode before it is truncated."""
+    holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of tasks (world, object, receptacle) kept for ``options={"split": "eval"}``
+    episodes (0: no split)."""
 
 
 @functools.cache
 def _worlds(cache_dir: str, worlds: int, first_seed: int) -> tuple[World, ...]:
     return tuple(load_worlds(cache_dir, worlds, first_seed))
+
+
+@functools.cache
+def _tasks(cache_dir: str, count: int, first_seed: int) -> list[tuple[str, str, str]]:
+    """Every (world, object, receptacle) with the object not already there."""
+    worlds = _worlds(cache_dir, count, first_seed)
+    return [
+        (w.name, o, r) for w in worlds for o in w.objects for r in sorted(w.receptacles)
+        if w.places[o] != r
+    ]  # fmt: skip
 
 
 def _start(path: str) -> Any:
@@ -102,15 +116,14 @@ class Household:
         """A world and a task drawn by ``seed``."""
         rng = random.Random(f"household-task:{seed}" if seed is not None else None)
         self._release()
-        self.world = rng.choice(self.worlds)
+        split, share = split_of(options), self.config.holdout
+        cfg = self.config
+        tasks = _tasks(cfg.cache_dir, cfg.worlds, cfg.first_seed)
+        w, obj, rec = choose(rng, tasks, lambda t: ":".join(t), share, split)
+        self.world = next(world for world in self.worlds if world.name == w)
         self.game = _start(self.world.path)
         self.state = self.game.reset()
-        where = self._places()
-        choices = [
-            (o, r) for o in self.world.objects for r in sorted(self.world.receptacles)
-            if where.get(o) != r
-        ]  # fmt: skip
-        self.task = rng.choice(choices)
+        self.task = (obj, rec)
         self.turns = 0
         self.done = False
         obj, rec = self.task

@@ -52,6 +52,13 @@ class World:
     receptacles: dict[str, tuple[str, str]]
     """Receptacle → (room, "c" container or "s" supporter)."""
     objects: tuple[str, ...]
+    places: dict[str, str]
+    """Object → where it starts (a receptacle, or ``floor:<room>``)."""
+
+    @property
+    def name(self) -> str:
+        """The world's file name (its identity in task keys)."""
+        return Path(self.path).stem
 
 
 def _layout(seed: int) -> dict[str, Any]:
@@ -136,7 +143,8 @@ def load_worlds(cache_dir: str | Path, worlds: int, first_seed: int = 0) -> list
             )
         layout = json.loads(meta.read_text())
         receptacles = {k: (str(v[0]), str(v[1])) for k, v in layout["receptacles"].items()}
-        out.append(World(str(game), layout["rooms"], receptacles, tuple(sorted(layout["objects"]))))
+        places = {str(k): str(v) for k, v in layout["objects"].items()}
+        out.append(World(str(game), layout["rooms"], receptacles, tuple(sorted(places)), places))
     return out
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.envs.holdout import held_out, split_of
 from astraflow.envs.players import GAMES
 from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, INVALID_ACTION, SUCCESS, StepResult
 from astraflow.envs.registry import ENVS
@@ -32,13 +33,18 @@ from astraflow.envs.registry import ENVS
 __all__ = ["Nim", "NimConfig", "NimGame", "NimGameConfig", "NimMatch", "draw_piles", "optimal_move"]
 
 
-def draw_piles(seed: int | None, piles: int, max_pile: int) -> list[int]:
-    """Pile sizes for ``seed`` with a non-zero nim-sum (a first-player win)."""
+def draw_piles(
+    seed: int | None, piles: int, max_pile: int, holdout: float = 0.0, split: str | None = None
+) -> list[int]:
+    """Pile sizes for ``seed`` with a non-zero nim-sum (a first-player win), in ``split``."""
     rng = random.Random(f"nim:{seed}" if seed is not None else None)
-    while True:
+    for _ in range(100_000):
         sizes = [rng.randint(1, max_pile) for _ in range(piles)]
-        if functools.reduce(lambda a, b: a ^ b, sizes) != 0:
+        if functools.reduce(lambda a, b: a ^ b, sizes) == 0:
+            continue
+        if split is None or holdout <= 0 or held_out(str(sizes), holdout) == (split == "eval"):
             return sizes
+    raise ValueError(f"no starting piles fall in split {split!r} (holdout {holdout})")
 
 
 def optimal_move(piles: list[int]) -> str:
@@ -162,6 +168,8 @@ class NimGame:
 class NimConfig(NimGameConfig):
     """Pile sizes and the scripted opponent."""
 
+    holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of starting piles kept for ``options={"split": "eval"}`` episodes (0: no split)."""
     opponent_skill: float = Field(default=1.0, ge=0.0, le=1.0)
     """Probability that the opponent plays the optimal move (else a random legal one)."""
     max_turns: int = Field(default=32, ge=1, le=200)
@@ -189,7 +197,9 @@ class Nim:
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         """A new game with piles drawn by ``seed``; the agent moves first."""
-        self.match = NimMatch(draw_piles(seed, self.config.piles, self.config.max_pile))
+        cfg = self.config
+        piles = draw_piles(seed, cfg.piles, cfg.max_pile, cfg.holdout, split_of(options))
+        self.match = NimMatch(piles)
         self.opponent_rng = random.Random(f"nim-opponent:{seed}" if seed is not None else None)
         self.turns = 0
         self.done = False

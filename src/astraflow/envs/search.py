@@ -26,6 +26,7 @@ from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.envs.bm25 import Bm25Index
+from astraflow.envs.holdout import choose, split_of
 from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
 from astraflow.envs.registry import ENVS
 
@@ -151,6 +152,8 @@ class SearchAgentConfig(ConfigModel):
     """Documents shown per search."""
     max_turns: int = Field(default=6, ge=1, le=50)
     """Actions per episode (searches and the answer)."""
+    holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of questions kept for ``options={"split": "eval"}`` episodes (0: no split)."""
 
 
 @ENVS.register("search_agent")
@@ -178,7 +181,9 @@ class SearchAgent:
     ) -> tuple[str, dict[str, Any]]:
         """A question drawn by ``seed``."""
         rng = random.Random(f"search:{seed}" if seed is not None else None)
-        self.question = rng.choice(self.kb.questions)
+        self.question = choose(
+            rng, self.kb.questions, lambda q: q.text, self.config.holdout, split_of(options)
+        )
         self.turns = 0
         self.done = False
         self.seen = [self.question.text]

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.envs.holdout import choose, split_of
 from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
 from astraflow.envs.registry import ENVS
 from astraflow.envs.shop_catalog import Instruction, Product, build_catalogue, score_purchase
@@ -40,6 +41,8 @@ class ShopConfig(ConfigModel):
     """Products in the catalogue."""
     max_turns: int = Field(default=15, ge=1, le=100)
     """Actions per episode before it is truncated."""
+    holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of target products kept for ``options={"split": "eval"}`` episodes (0: no split)."""
 
 
 @ENVS.register("shop")
@@ -69,7 +72,9 @@ class Shop:
     ) -> tuple[str, dict[str, Any]]:
         """A shopping instruction drawn by ``seed``; the search page."""
         rng = random.Random(f"shop-goal:{seed}" if seed is not None else None)
-        self.goal = self.catalogue.instruction(rng)
+        products = self.catalogue.products
+        target = choose(rng, products, lambda p: p.asin, self.config.holdout, split_of(options))
+        self.goal = self.catalogue.instruction(rng, target)
         self.page, self.results, self.result_page, self.item = "search", [], 0, None
         self.chosen = {}
         self.turns = 0

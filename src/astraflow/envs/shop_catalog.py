@@ -99,9 +99,8 @@ class Catalogue:
     by_asin: dict[str, Product]
     index: Bm25Index
 
-    def instruction(self, rng: random.Random) -> Instruction:
-        """A shopping instruction drawn from a random target product."""
-        p = rng.choice(self.products)
+    def instruction(self, rng: random.Random, p: Product) -> Instruction:
+        """A shopping instruction drawn from target product ``p``."""
         attrs = tuple(sorted(rng.sample(p.attributes, 2)))
         color, size = rng.choice(p.colors), rng.choice(p.sizes)
         bound = float(10 * math.ceil(p.price * rng.uniform(1.1, 1.6) / 10))

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.envs.holdout import choose, split_of
 from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
 from astraflow.envs.registry import ENVS
 
@@ -160,6 +161,8 @@ class TextCraftConfig(ConfigModel):
     """Unrelated recipes (using the same ingredients) mixed into the command list."""
     max_turns: int = Field(default=20, ge=1, le=200)
     """Actions per episode before it is truncated."""
+    holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Share of goal items kept for ``options={"split": "eval"}`` episodes (0: no split)."""
 
 
 @ENVS.register("textcraft")
@@ -197,7 +200,7 @@ class TextCraft:
     ) -> tuple[str, dict[str, Any]]:
         """A goal item and the crafting commands that lead to it (plus distractors)."""
         rng = random.Random(f"textcraft:{seed}" if seed is not None else None)
-        self.goal = rng.choice(self.goals)
+        self.goal = choose(rng, self.goals, str, self.config.holdout, split_of(options))
         self.inventory = {}
         self.turns = 0
         self.done = False

@@ -133,3 +133,31 @@ def test_bad_config_is_rejected_by_name() -> None:
         EnvFactory({"type": "shop", "colour": "red"})
     with pytest.raises(ValueError, match="min_depth"):
         EnvFactory({"type": "textcraft", "min_depth": 3, "max_depth": 2}).create()
+
+
+CONTENT = {
+    "textcraft": lambda env: env.goal,
+    "shop": lambda env: env.goal.target,
+    "search_agent": lambda env: env.question.text,
+    "nim": lambda env: str(env.match.piles),
+    "household": lambda env: (env.world.name, env.task),
+}
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_holdout_keeps_eval_contents_out_of_training(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    factory = _factory(name, request)
+    spec = {**factory.spec.kwargs, "type": name, "holdout": 0.3}
+    env: Any = EnvFactory(spec).create()
+    seen: dict[str, set[Any]] = {"train": set(), "eval": set()}
+    for split in seen:
+        for seed in range(40):
+            env.reset(seed=seed, options={"split": split})
+            seen[split].add(CONTENT[name](env))
+    assert seen["train"] and seen["eval"]
+    assert not seen["train"] & seen["eval"]
+    with pytest.raises(ValueError, match="split"):
+        env.reset(seed=1, options={"split": "test"})
+    env.close()
