@@ -46,6 +46,8 @@ class HouseholdConfig(ConfigModel):
     """Seed of the first world."""
     max_turns: int = Field(default=20, ge=1, le=200)
     """Actions per episode before it is truncated."""
+    list_actions: bool = False
+    """Append the admissible commands to every observation (as ALFWorld prompts do)."""
     holdout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Share of tasks (world, object, receptacle) kept for ``options={"split": "eval"}``
     episodes (0: no split)."""
@@ -130,7 +132,7 @@ class Household:
         prep = "in" if self.world.receptacles[rec][1] == "c" else "on"
         room = self.state.feedback[max(0, self.state.feedback.find("-= ")) :]  # after the banner
         obs = f"{_clean(room)}\n\nYour task is to: put the {obj} {prep} the {rec}."
-        return obs, {ADMISSIBLE_ACTIONS: self._admissible()}
+        return self._with_actions(obs), {ADMISSIBLE_ACTIONS: self._admissible()}
 
     def step(self, action: str) -> StepResult:
         """One TextWorld command."""
@@ -151,7 +153,7 @@ class Household:
         if self.done:
             info[SUCCESS] = won
             self._release()
-        return obs, 1.0 if won else 0.0, won, truncated, info
+        return self._with_actions(obs), 1.0 if won else 0.0, won, truncated, info
 
     def close(self) -> None:
         """Give the game process back to the pool."""
@@ -161,6 +163,11 @@ class Household:
         if self.game is not None:
             _release(self.world.path, self.game)
             self.game = None
+
+    def _with_actions(self, obs: str) -> str:
+        if not self.config.list_actions or self.game is None:
+            return obs
+        return f"{obs}\nAvailable actions: {', '.join(self._admissible())}"
 
     def _admissible(self) -> list[str]:
         return sorted(str(c) for c in self.state.admissible_commands)
