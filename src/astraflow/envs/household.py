@@ -33,6 +33,7 @@ __all__ = ["Household", "HouseholdConfig"]
 
 _POOL: dict[str, list[Any]] = collections.defaultdict(list)
 _POOL_LOCK = threading.Lock()
+_LOAD_LOCK = threading.Lock()  # TextWorld's game loading (its grammar parser) is not thread-safe
 
 
 class HouseholdConfig(ConfigModel):
@@ -76,7 +77,7 @@ def _start(path: str) -> Any:
 
     # no ``description``: TextWorld gets it by sending an extra "look" each step (2x the cost)
     infos = textworld.EnvInfos(admissible_commands=True, facts=True)
-    with warnings.catch_warnings():
+    with _LOAD_LOCK, warnings.catch_warnings():
         # jericho warns that it cannot track score of TextWorld games: we never read its score
         warnings.filterwarnings("ignore", message=".*is not fully supported")
         return textworld.start(path, infos)
