@@ -69,7 +69,7 @@ class MultiPlayerGame(Protocol):
 
 GAMES: Registry[MultiPlayerGame] = Registry(
     "game",
-    MultiPlayerGame,  # type: ignore[type-abstract]  # the contract is a Protocol
+    MultiPlayerGame,
     ("astraflow.envs.nim",),
 )
 """Multi-player games by name; register with ``@GAMES.register("name")``."""
