@@ -1,4 +1,4 @@
-"""The GPU agent recipes (``examples/*_gpu.yaml``): marked as GPU-only, and valid as configs.
+"""The GPU agent recipes (``examples/gpu/*.yaml``): marked as GPU-only, and valid as configs.
 
 They cannot run here (vLLM on a GPU, Qwen2.5 weights from the hub); what can be checked is
 that each passes ``astraflow config check`` and that its environment spec builds a factory
@@ -16,14 +16,13 @@ from astraflow.envs import EnvFactory
 from astraflow.launch.checks import check_run
 from astraflow.launch.config import RunConfig
 
-EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-RECIPES = sorted(EXAMPLES.glob("*_gpu.yaml"))
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "gpu"
+RECIPES = sorted(EXAMPLES.glob("*.yaml"))
 
 
 def test_there_is_a_gpu_recipe_per_workload() -> None:
     names = {p.stem for p in RECIPES}
-    assert {"textcraft_gpu", "household_gpu", "shop_gpu", "search_agent_gpu"} <= names
-    assert "nim_two_policies_gpu" in names
+    assert {"textcraft", "household", "shop", "search_agent", "nim_two_policies"} <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
