@@ -300,7 +300,7 @@ class TextCraft:
                     if recipe not in out:
                         out.append(recipe)
                         stack.extend(n for n, _ in recipe.inputs)
-        return out[:40]
+        return out
 
     def _distractors(self, needed: list[Recipe], rng: random.Random) -> list[Recipe]:
         used = {n for r in needed for n, _ in r.inputs}
