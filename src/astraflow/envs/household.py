@@ -108,7 +108,7 @@ class Household:
         self.worlds = _worlds(self.config.cache_dir, self.config.worlds, self.config.first_seed)
         self.world = self.worlds[0]
         self.game: Any = None
-        self.state: Any = None
+        self.game_state: Any = None
         self.task = ("", "")
         self.turns = 0
         self.done = True
@@ -125,13 +125,15 @@ class Household:
         w, obj, rec = choose(rng, tasks, lambda t: ":".join(t), share, split)
         self.world = next(world for world in self.worlds if world.name == w)
         self.game = _start(self.world.path)
-        self.state = self.game.reset()
+        self.game_state = self.game.reset()
         self.task = (obj, rec)
         self.turns = 0
         self.done = False
         obj, rec = self.task
         prep = "in" if self.world.receptacles[rec][1] == "c" else "on"
-        room = self.state.feedback[max(0, self.state.feedback.find("-= ")) :]  # after the banner
+        room = self.game_state.feedback[
+            max(0, self.game_state.feedback.find("-= ")) :
+        ]  # after the banner
         obs = f"{_clean(room)}\n\nYour task is to: put the {obj} {prep} the {rec}."
         return self._with_actions(obs), {ADMISSIBLE_ACTIONS: self._admissible()}
 
@@ -141,12 +143,12 @@ class Household:
             raise RuntimeError("household: the episode is over; call reset()")
         self.turns += 1
         command = " ".join(str(action).strip().lower().split())[:200]
-        invalid = command not in self.state.admissible_commands
+        invalid = command not in self.game_state.admissible_commands
         if invalid:
             obs = "Nothing happens."
         else:
-            self.state, _, _ = self.game.step(command)
-            obs = _clean(self.state.feedback) or "Nothing happens."
+            self.game_state, _, _ = self.game.step(command)
+            obs = _clean(self.game_state.feedback) or "Nothing happens."
         won = self._places().get(self.task[0]) == self.task[1]
         truncated = not won and self.turns >= self.max_turns
         self.done = won or truncated
@@ -155,6 +157,10 @@ class Household:
             info[SUCCESS] = won
             self._release()
         return self._with_actions(obs), 1.0 if won else 0.0, won, truncated, info
+
+    def state(self) -> dict[str, Any]:
+        """World, task and actions used (``GET /state``)."""
+        return {"world": self.world.name, "task": list(self.task), "turns": self.turns}
 
     def close(self) -> None:
         """Give the game process back to the pool."""
@@ -171,10 +177,10 @@ class Household:
         return f"{obs}\nAvailable actions: {', '.join(self._admissible())}"
 
     def _admissible(self) -> list[str]:
-        return sorted(str(c) for c in self.state.admissible_commands)
+        return sorted(str(c) for c in self.game_state.admissible_commands)
 
     def _facts(self) -> list[tuple[str, list[str]]]:
-        return [(f.name, [a.name for a in f.arguments]) for f in self.state.facts]
+        return [(f.name, [a.name for a in f.arguments]) for f in self.game_state.facts]
 
     def _places(self) -> dict[str, str]:
         """Object/receptacle → where it is (receptacle, room, or "I" when carried)."""

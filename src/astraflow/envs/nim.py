@@ -224,6 +224,10 @@ class Nim:
             info[SUCCESS] = won
         return obs, 1.0 if won else 0.0, match.done, truncated, info
 
+    def state(self) -> dict[str, Any]:
+        """Piles left and moves made (``GET /state``)."""
+        return {"piles": self.match.piles if self.match else [], "turns": self.turns}
+
     def close(self) -> None:
         """Nothing to release."""
 

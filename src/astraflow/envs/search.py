@@ -215,6 +215,10 @@ class SearchAgent:
             info[SUCCESS] = reward == 1.0
         return obs, reward, terminated, truncated, info
 
+    def state(self) -> dict[str, Any]:
+        """The question and actions used (``GET /state``)."""
+        return {"question": self.question.text, "turns": self.turns}
+
     def close(self) -> None:
         """Nothing to release."""
 

@@ -109,6 +109,15 @@ class Shop:
             obs = f"Invalid action.\n{obs}"
         return obs, reward, terminated, truncated, info
 
+    def state(self) -> dict[str, Any]:
+        """Page, open product, chosen options and actions used (``GET /state``)."""
+        return {
+            "page": self.page,
+            "item": self.item.asin if self.item else None,
+            "chosen": dict(self.chosen),
+            "turns": self.turns,
+        }
+
     def close(self) -> None:
         """Nothing to release."""
 

@@ -226,6 +226,11 @@ class TextCraft:
             info[SUCCESS] = success
         return obs, 1.0 if success else 0.0, success, truncated, info
 
+    def state(self) -> dict[str, Any]:
+        """Goal, inventory and actions used (``GET /state``)."""
+        held = {_to_name(k): v for k, v in sorted(self.inventory.items())}
+        return {"goal": _to_name(self.goal), "inventory": held, "turns": self.turns}
+
     def close(self) -> None:
         """Nothing to release."""
 

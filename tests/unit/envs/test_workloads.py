@@ -161,3 +161,13 @@ def test_holdout_keeps_eval_contents_out_of_training(
     with pytest.raises(ValueError, match="split"):
         env.reset(seed=1, options={"split": "test"})
     env.close()
+
+
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_state_is_json(name: str, request: pytest.FixtureRequest) -> None:
+    env: Any = _factory(name, request).create()
+    env.reset(seed=2)
+    env.step(env.expert_action())
+    state = json.loads(json.dumps(env.state()))
+    assert state["turns"] == 1
+    env.close()
