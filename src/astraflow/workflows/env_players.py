@@ -41,7 +41,7 @@ GAME_SPEC = PluginOf("astraflow.envs.players:GAMES")
 class EnvPlayersConfig(ConfigModel):
     """Config of the ``env_players`` workflow."""
 
-    game: Annotated[PluginSpec, GAME_SPEC]
+    game: Annotated[PluginSpec, GAME_SPEC] = Field(default_factory=lambda: PluginSpec(type="nim"))
     """The game: a ``GAMES`` name (``nim``) or ``module:Class`` plus its kwargs."""
     players: Annotated[tuple[Name, ...], POLICY_ROLE] = ("first", "second")
     """Policy of each seat, in the game's player order (a name twice: self-play)."""
