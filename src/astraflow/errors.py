@@ -17,6 +17,7 @@ __all__ = [
     "ChecksumError",
     "ConfigError",
     "ConflictError",
+    "EnvError",
     "ForbiddenError",
     "LeaseForbiddenError",
     "LeaseLostError",
@@ -183,6 +184,12 @@ class WorkflowError(AstraflowError, RuntimeError):
     """A workflow raised, timed out, or returned invalid samples for a task."""
 
     code = "workflow"
+
+
+class EnvError(WorkflowError):
+    """An agent environment raised, timed out, broke its protocol or could not be reached."""
+
+    code = "env"
 
 
 class RewardError(WorkflowError):

@@ -26,6 +26,7 @@ from astraflow.errors import PluginError
 
 __all__ = [
     "ENGINE_SPEC",
+    "ENV_SPEC",
     "FILTER_SPEC",
     "GENERATOR_SPEC",
     "REWARD_SPEC",
@@ -116,6 +117,7 @@ GENERATOR_SPEC = PluginOf("astraflow.workflows.tasks:GENERATORS")
 SELECTOR_SPEC = PluginOf("astraflow.data_algorithms:SELECTORS")
 FILTER_SPEC = PluginOf("astraflow.data_algorithms:FILTERS")
 SAMPLER_SPEC = PluginOf("astraflow.data_algorithms:SAMPLERS")
+ENV_SPEC = PluginOf("astraflow.envs.registry:ENVS")
 
 
 def plugin_rng(seed: int, point: str, name: str) -> random.Random:

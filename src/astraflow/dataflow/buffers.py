@@ -16,7 +16,7 @@ import logging
 import math
 import statistics
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Mapping, Sequence
 
 import msgpack
@@ -69,6 +69,10 @@ def validate_samples(req: SubmitRequest, policies: Mapping[str, PolicyConfig]) -
             raise ValidationError(f"samples[{i}]: {exc}", field=f"samples.{i}.token_ids") from exc
 
 
+#: Ingested samples whose ``meta['metrics']`` the report averages, per policy.
+SAMPLE_METRICS_WINDOW = 256
+
+
 class Buffers:
     """Groups per policy in memory, mirrored by the ``groups``, ``blobs`` and ``batches``."""
 
@@ -78,6 +82,9 @@ class Buffers:
         self.store = store
         self.policies = policies
         self.sampler = sampler
+        self.recent: dict[str, deque[dict[str, float]]] = {
+            p: deque(maxlen=SAMPLE_METRICS_WINDOW) for p in policies
+        }
         self.load()
 
     def load(self) -> None:
@@ -138,12 +145,32 @@ class Buffers:
             stale_dropped_samples=self.counters["stale_dropped"][policy],
             filtered_samples=self.counters["filtered"][policy],
             acked_samples=self.counters["acked"][policy],
+            sample_metrics=self._metric_means(policy),
         )
+
+    def _metric_means(self, policy: str) -> dict[str, float]:
+        values: dict[str, list[float]] = {}
+        for figures in self.recent.get(policy, ()):
+            for name, value in figures.items():
+                values.setdefault(name, []).append(value)
+        return {name: statistics.fmean(v) for name, v in sorted(values.items())}
+
+    def _remember(self, policy: str, samples: Sequence[Sample]) -> None:
+        """Keep the numeric ``meta['metrics']`` of ingested samples (memory only: a report)."""
+        window = self.recent.setdefault(policy, deque(maxlen=SAMPLE_METRICS_WINDOW))
+        for s in samples:
+            figures = s.meta.get("metrics")
+            if isinstance(figures, dict):
+                window.append({
+                    str(k): float(v) for k, v in figures.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                })  # fmt: skip
 
     # ------------------------------------------------------------------ ingest
 
     def add(self, policy: str, samples: Sequence[Sample], source: str, now: float) -> GroupRow:
         """Buffer one group."""
+        self._remember(policy, samples)
         rewards = [s.reward for s in samples]
         mean = statistics.fmean(rewards)  # floats: statistics.pstdev's exact fractions cost
         # ~1 ms a submit on the writer thread, the service's throughput bound

@@ -46,6 +46,13 @@ class _ReportCollector(Collector):
                                                  "stale_dropped_samples", "filtered_samples",
                                                  "acked_samples"])  # fmt: skip
         yield from _table(r.trainers, "trainer", ["samples_per_s", "waiting_fraction", "version"])
+        figures = family(
+            "policy_sample_metric", "Mean of a workflow's per-sample figure", ["policy", "name"]
+        )
+        for policy, report in r.policies.items():
+            for name, value in report.sample_metrics.items():
+                figures.add_metric([policy, name], value)
+        yield figures
         target = family("target_nodes", "Rollout nodes the dead-band rule asks for", [])
         target.add_metric([], r.target.target_nodes)
         yield target

@@ -22,6 +22,8 @@ class EvalSettings(ConfigModel):
     """Evaluate the newest version at most this often."""
     batch_size: int = Field(default=256, ge=1)
     """Prompts per greedy generation batch."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """Sampling temperature of ``env`` episodes (0: greedy); single-turn workflows are greedy."""
 
 
 class EvalConfig(EvalSettings):

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from astraflow.evaluation.config import EvalConfig
+from astraflow.evaluation.episodes import LocalPolicy, evaluate_episodes
 from astraflow.plugins import validate_config
 from astraflow.records import NO_VERSION
 from astraflow.weights import WeightClient
@@ -46,19 +47,24 @@ class Evaluator:
         self.config = config
         torch.set_num_threads(config.threads)
         spec = config.workflow
-        wf_config = validate_config(WORKFLOWS.resolve(spec.type), spec.kwargs, "eval workflow")
-        if not isinstance(wf_config, SingleRoleConfig):
-            raise TypeError("evaluation supports single-role workflows (rlvr, tool_calling)")
-        self.workflow = wf_config
+        self.env_spec = {"type": spec.type, **spec.kwargs} if spec.type == "env" else None
+        self.figures: dict[str, float] = {}
         self.rows = list(GENERATORS.build(config.generator, seed=config.seed).rows())
-        self.rewards = RewardResolver(wf_config.reward, seed=config.seed)
-        self.max_new_tokens = config.max_new_tokens or wf_config.sampling.max_new_tokens
         self.client = WeightClient(config.weights, options=TransferOptions(token=client_token()))
         self.version = NO_VERSION
         self.model: Any = None
         self.tokenizer: Any = None
         self.out = Path(config.out)
         self.out.parent.mkdir(parents=True, exist_ok=True)
+        if self.env_spec is not None:
+            validate_config(WORKFLOWS.resolve("env"), spec.kwargs, "eval workflow")
+            return
+        wf_config = validate_config(WORKFLOWS.resolve(spec.type), spec.kwargs, "eval workflow")
+        if not isinstance(wf_config, SingleRoleConfig):
+            raise TypeError("evaluation supports single-role workflows (rlvr, tool_calling)")
+        self.workflow = wf_config
+        self.rewards = RewardResolver(wf_config.reward, seed=config.seed)
+        self.max_new_tokens = config.max_new_tokens or wf_config.sampling.max_new_tokens
 
     def run(self, stop: threading.Event) -> None:
         """Evaluate new versions until ``stop`` is set, then once more if behind."""
@@ -81,6 +87,7 @@ class Evaluator:
             "version": latest,
             "created_at": manifest.created_at,
             "accuracy": accuracy,
+            **self.figures,
             "n": len(self.rows),
             "eval_s": round(time.monotonic() - started, 3),
             "time": time.time(),
@@ -120,7 +127,20 @@ class Evaluator:
 
     @torch.inference_mode()
     def evaluate(self) -> float:
-        """Mean reward of greedy completions over the held-out rows."""
+        """Mean reward of greedy completions over the held-out rows (``env``: success rate of
+        one whole episode per row)."""
+        if self.env_spec is not None:
+            policy = LocalPolicy(
+                self.config.policy, self.model, self.tokenizer, self.version, self.config.seed
+            )
+            self.figures = evaluate_episodes(
+                self.env_spec,
+                self.rows,
+                policy,
+                temperature=self.config.temperature,
+                seed=self.config.seed,
+            )
+            return self.figures.pop("accuracy")
         prompt_cfg = self.workflow.prompt
         prompts = [
             list(

@@ -1,4 +1,5 @@
-"""End-of-run plots from the files components wrote: ``reward.png`` and ``throughput.png``.
+"""End-of-run plots from the files components wrote: ``reward.png``, ``throughput.png`` and,
+for ``env`` workflows, ``success.png`` (training and held-out episode success).
 
 Time is measured from the first trainer step of the run (RL start), so curves of different
 runs line up. Uses matplotlib's Agg backend (no display needed).
@@ -75,7 +76,36 @@ def write_plots(run_dir: Path) -> list[Path]:
     throughput_png = run_dir / "throughput.png"
     fig.savefig(throughput_png, dpi=110)
     plt.close(fig)
-    return [reward_png, throughput_png]
+    written = [reward_png, throughput_png]
+    success_png = _success_plot(plt, run_dir / "success.png", metrics, t0)
+    if success_png is not None:
+        written.append(success_png)
+    return written
+
+
+def _success_plot(
+    plt: Any, path: Path, metrics: dict[str, list[dict[str, Any]]], t0: float
+) -> Path | None:
+    """Episode success of ``env`` workflows: sampled (trainer batches) and held-out (eval)."""
+    if not any(r.get("env/success") is not None for recs in metrics.values() for r in recs):
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy, recs in metrics.items():
+        rows = [r for r in recs if r.get("env/success") is not None]
+        ys = [r["env/success"] for r in rows]
+        ax.plot([r["time"] - t0 for r in rows], _smooth(ys), label=f"{policy} (training episodes)")
+    for policy, recs in {p.stem: _records(p) for p in path.parent.glob("eval/*.jsonl")}.items():
+        rows = [r for r in recs if r.get("created_at") and "turns" in r]
+        ax.plot([r["created_at"] - t0 for r in rows], [r["accuracy"] for r in rows],
+                marker=".", label=f"{policy} (held-out episodes)")  # fmt: skip
+    ax.set(xlabel="seconds since RL start", ylabel="success rate", title="episode success",
+           ylim=(0, 1.02))  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _smooth(ys: list[float], window: int = 20) -> list[float]:

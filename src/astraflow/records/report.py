@@ -77,6 +77,9 @@ class PolicyReport(Record):
     acked_samples: int = Field(ge=0)
     final: bool = False
     """Its trainer announced its final version: samples are no longer buffered."""
+    sample_metrics: dict[str, float] = Field(default_factory=dict)
+    """Means of the workflows' per-sample figures (``sample.meta['metrics']``, e.g. the ``env``
+    workflow's ``env/success``, ``env/turns``) over the last samples ingested."""
 
 
 class TrainerReport(Record):

