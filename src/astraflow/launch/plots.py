@@ -8,6 +8,7 @@ runs line up. Uses matplotlib's Agg backend (no display needed).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from astraflow.launch.status import JsonlTail
 
@@ -77,14 +78,18 @@ def write_plots(run_dir: Path) -> list[Path]:
     fig.savefig(throughput_png, dpi=110)
     plt.close(fig)
     written = [reward_png, throughput_png]
-    success_png = _success_plot(plt, run_dir / "success.png", metrics, t0)
+    success_png = _success_plot(plt, run_dir / "success.png", metrics, evals, t0)
     if success_png is not None:
         written.append(success_png)
     return written
 
 
 def _success_plot(
-    plt: Any, path: Path, metrics: dict[str, list[dict[str, Any]]], t0: float
+    plt: Any,
+    path: Path,
+    metrics: dict[str, list[dict[str, Any]]],
+    evals: dict[str, list[dict[str, Any]]],
+    t0: float,
 ) -> Path | None:
     """Episode success of ``env`` workflows: sampled (trainer batches) and held-out (eval)."""
     if not any(r.get("env/success") is not None for recs in metrics.values() for r in recs):
@@ -94,7 +99,7 @@ def _success_plot(
         rows = [r for r in recs if r.get("env/success") is not None]
         ys = [r["env/success"] for r in rows]
         ax.plot([r["time"] - t0 for r in rows], _smooth(ys), label=f"{policy} (training episodes)")
-    for policy, recs in {p.stem: _records(p) for p in path.parent.glob("eval/*.jsonl")}.items():
+    for policy, recs in evals.items():
         rows = [r for r in recs if r.get("created_at") and "turns" in r]
         ax.plot([r["created_at"] - t0 for r in rows], [r["accuracy"] for r in rows],
                 marker=".", label=f"{policy} (held-out episodes)")  # fmt: skip
