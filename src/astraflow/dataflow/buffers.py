@@ -71,6 +71,23 @@ def validate_samples(req: SubmitRequest, policies: Mapping[str, PolicyConfig]) -
 
 #: Ingested samples whose ``meta['metrics']`` the report averages, per policy.
 SAMPLE_METRICS_WINDOW = 256
+#: Figures kept per sample and the longest figure name: a node's meta cannot grow the report.
+SAMPLE_METRICS_MAX_NAMES = 32
+SAMPLE_METRICS_MAX_NAME_CHARS = 64
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population std of finite floats, without overflow near the float limit.
+
+    Floats, not ``statistics.pstdev``'s exact fractions (~1 ms a submit on the writer thread,
+    the service's throughput bound); scaled by the largest magnitude so that any finite
+    rewards a node may send give finite figures.
+    """
+    scale = max(abs(v) for v in values) or 1.0
+    scaled = [v / scale for v in values]
+    mean = statistics.fmean(scaled)
+    std = math.sqrt(statistics.fmean((v - mean) ** 2 for v in scaled))
+    return mean * scale, std * scale
 
 
 class Buffers:
@@ -153,7 +170,9 @@ class Buffers:
         for figures in self.recent.get(policy, ()):
             for name, value in figures.items():
                 values.setdefault(name, []).append(value)
-        return {name: statistics.fmean(v) for name, v in sorted(values.items())}
+        # sum of v/n, not fmean: finite inputs near the float limit must not overflow the report
+        means = {name: sum(x / len(v) for x in v) for name, v in sorted(values.items())}
+        return {name: m for name, m in means.items() if math.isfinite(m)}
 
     def _remember(self, policy: str, samples: Sequence[Sample]) -> None:
         """Keep the numeric ``meta['metrics']`` of ingested samples (memory only: a report)."""
@@ -161,19 +180,19 @@ class Buffers:
         for s in samples:
             figures = s.meta.get("metrics")
             if isinstance(figures, dict):
-                window.append({
+                kept = {
                     str(k): float(v) for k, v in figures.items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                })  # fmt: skip
+                    and len(str(k)) <= SAMPLE_METRICS_MAX_NAME_CHARS
+                }  # fmt: skip
+                window.append(dict(sorted(kept.items())[:SAMPLE_METRICS_MAX_NAMES]))
 
     # ------------------------------------------------------------------ ingest
 
     def add(self, policy: str, samples: Sequence[Sample], source: str, now: float) -> GroupRow:
         """Buffer one group."""
         self._remember(policy, samples)
-        rewards = [s.reward for s in samples]
-        mean = statistics.fmean(rewards)  # floats: statistics.pstdev's exact fractions cost
-        # ~1 ms a submit on the writer thread, the service's throughput bound
+        mean, std = _mean_std([s.reward for s in samples])
         row = GroupRow(
             gid=0,
             policy=policy,
@@ -184,7 +203,7 @@ class Buffers:
             num_tokens=sum(s.num_tokens for s in samples),
             behaviour_version=group_behaviour_version(samples),
             reward_mean=mean,
-            reward_std=math.sqrt(statistics.fmean((r - mean) ** 2 for r in rewards)),
+            reward_std=std,
             created_at=now,
             state="buffered",
             batch_id=None,

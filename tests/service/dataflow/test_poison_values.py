@@ -154,3 +154,27 @@ def _u64(value: Any) -> Any:
     if isinstance(value, list):
         return [_u64(v) for v in value]
     return 2**64 - 1 if isinstance(value, int) and value >= 2**64 else value
+
+
+@pytest.mark.parametrize(
+    ("rewards", "metrics"),
+    [((1e308, 1e308), {"x": 1e308}), ((1e200, -1e200), {"x": -1.7e308}), ((0.0, 1.0), {})],
+)
+def test_extreme_finite_numbers_are_stored_and_the_report_stays_readable(
+    env: Env, rewards: tuple[float, float], metrics: dict[str, float]
+) -> None:
+    """Finite values at the float limit are legal: the group's reward figures and the report's
+    per-sample means must not overflow (a 500 on submit, or a report no client can read)."""
+    many = {f"m{i}": 1.0 for i in range(100)} | metrics  # more names than the report keeps
+    samples = [
+        s.model_copy(update={"meta": {"metrics": many}})
+        for s in make_group(env.task_id, rewards=rewards)
+    ]
+    with DataflowClient(env.url) as c:
+        c.submit(SubmitRequest(node_id="n1", task_id=env.task_id, attempt=0, secret=env.secret,
+                               samples=samples))  # fmt: skip
+        report = c.report()
+        assert report.tasks.done == 1
+        figures = report.policies["solver"].sample_metrics
+        assert all(math.isfinite(v) for v in figures.values())
+        assert len(figures) <= 32
