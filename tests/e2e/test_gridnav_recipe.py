@@ -31,7 +31,7 @@ def test_reduced_gridnav_recipe_trains_on_whole_episodes(tmp_path: Path) -> None
         [
             f"run_dir={run_dir}",
             f"policies.policy.trainer.max_steps={STEPS}",
-            "policies.policy.warmup.steps=100",
+            "policies.policy.warmup.steps=60",
             "policies.policy.warmup.generator.size=500",
             "eval.0.generator.size=50",
             "eval.0.every_s=5",
