@@ -46,6 +46,9 @@ class PolicySettings(ConfigModel):
     """Acked groups kept for replay samplers (0: samples are deleted once acked)."""
     ack_timeout_s: float = Field(default=600.0, gt=0)
     """An un-acked batch is served again after this many seconds."""
+    frozen: bool = False
+    """Served but never trained (a judge, a tool model): its samples are dropped on submit,
+    never buffered, and never throttle leases."""
 
 
 class PolicyConfig(PolicySettings):

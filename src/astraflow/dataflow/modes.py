@@ -25,7 +25,12 @@ from astraflow.dataflow.store import BatchRow, Store
 from astraflow.dataflow.tasks import TaskQueue
 from astraflow.records import SyncReport
 
-__all__ = ["AsyncRegulator", "Regulator", "make_regulator"]
+__all__ = ["AsyncRegulator", "Regulator", "frozen", "make_regulator"]
+
+
+def frozen(policies: Mapping[str, PolicyConfig]) -> set[str]:
+    """Policies that are served but never trained: never buffered, never waited for."""
+    return {p for p, c in policies.items() if c.frozen}
 
 
 class Regulator(Protocol):
@@ -86,9 +91,10 @@ class AsyncRegulator:
         versions = {p: v.version for p, v in latest.items()}
         limits = {p: c.max_staleness for p, c in self.policies.items()}
         refresh = regulation.admission(needed, held, versions, limits)
-        final = {p for p, v in latest.items() if v.final}  # their buffers no longer throttle
+        # finished trainers and frozen policies: no buffer of theirs throttles
+        final = {p for p, v in latest.items() if v.final} | frozen(self.policies)
         occupied = {p: 0 if p in final else self._occupied(p) for p in needed}
-        caps, full = regulation.source_caps(sources, self.policies, occupied, refresh)
+        caps, full = regulation.source_caps(sources, self.policies, occupied, refresh, final)
         return LeasePlan(refresh, caps, full)
 
     def _occupied(self, policy: str) -> int:
@@ -142,5 +148,6 @@ def make_regulator(
     if reg.mode == "async":
         return AsyncRegulator(config.policies, queue, buffers)
     assert reg.sync_round_tasks is not None  # the config requires it in sync mode
-    active = [p for p in config.policies if not (p in latest and latest[p].final)]
+    done = {p for p, v in latest.items() if v.final} | frozen(config.policies)
+    active = [p for p in config.policies if p not in done]
     return SyncRounds(store, queue, buffers, reg.sync_round_tasks, active, latest)

@@ -15,7 +15,7 @@ made a trained token and the trainer's version. A group's is that of its stalest
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -85,23 +85,30 @@ def source_caps(
     policies: Mapping[str, PolicyConfig],
     occupied: Mapping[str, int],
     refresh: Mapping[str, str],
+    unbuffered: Collection[str] = (),
 ) -> tuple[dict[str, int], list[str]]:
     """Tasks each source may still start, and the policies that are full.
 
     ``occupied`` is each policy's buffered + served + in-flight samples; a source needing a
-    policy the node must refresh gets nothing.
+    policy the node must refresh gets nothing. ``unbuffered`` policies (frozen, or whose
+    trainer finished) keep no samples, so they never limit a source.
     """
     caps: dict[str, int] = {}
     full: list[str] = []
     for s in sources:
         if any(p in refresh for p in s.policies):
             continue
-        rooms = [room(policies[p].max_buffered, occupied[p], 0) for p in s.policies]
-        full += [p for p, r in zip(s.policies, rooms, strict=True) if r < s.group_size]
-        n = tasks_that_fit(rooms, s.group_size)
+        kept = [p for p in s.policies if p not in unbuffered]
+        rooms = [room(policies[p].max_buffered, occupied[p], 0) for p in kept]
+        full += [p for p, r in zip(kept, rooms, strict=True) if r < s.group_size]
+        n = tasks_that_fit(rooms, s.group_size) if kept else UNBOUNDED_TASKS
         if n > 0:
             caps[s.name] = n
     return caps, sorted(set(full))
+
+
+#: A source whose policies are all unbuffered: only the node's capacity bounds its leases.
+UNBOUNDED_TASKS = 1 << 30
 
 
 def tasks_that_fit(rooms: Iterable[int], group_size: int) -> int:

@@ -121,8 +121,10 @@ class DataflowService:
         )
 
     def _final(self) -> set[str]:
-        """Policies whose trainer announced its final version (no longer buffered)."""
-        return {p for p, v in self.latest.items() if v.final}
+        """Policies no trainer takes from (no longer buffered): those whose trainer announced
+        its final version, and frozen ones (never trained)."""
+        frozen = {p for p, c in self.config.policies.items() if c.frozen}
+        return frozen | {p for p, v in self.latest.items() if v.final}
 
     def close(self) -> None:
         """Close the database (everything acknowledged is already committed)."""
@@ -251,7 +253,11 @@ class DataflowService:
                 for (policy, _), group in groups_of(req.samples).items():
                     reason = next((r for f in self.filters if (r := f.check(policy, group))), None)
                     if reason is None and policy in final:
-                        dropped[policy] = f"the trainer of {policy!r} has finished"
+                        dropped[policy] = (
+                            f"policy {policy!r} is frozen (not trained)"
+                            if self.config.policies[policy].frozen
+                            else f"the trainer of {policy!r} has finished"
+                        )
                         continue
                     if reason is None:
                         self.buffers.add(policy, group, ot.source.name, now)

@@ -83,7 +83,8 @@ class PolicySection(PolicySettings):
     vocab_size: int | None = Field(default=None, ge=1)
     """Token-id bound checked on ingest (default: the model's vocabulary size)."""
     frozen: bool = False
-    """Served but never trained (a judge or tool model): no trainer is started."""
+    """Served but never trained (a judge or tool model): no trainer is started, nodes load
+    ``model`` (or use an ``openai`` engine), and its samples are not buffered."""
     processes: int = Field(default=1, ge=1)
     """Trainer processes (FSDP2 ranks under torchrun when > 1; set trainer.backend: fsdp2)."""
 

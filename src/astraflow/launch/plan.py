@@ -27,7 +27,7 @@ from astraflow.dataflow.config import DataflowConfig, PolicySettings, Regulation
 from astraflow.errors import ConfigError
 from astraflow.evaluation.config import EvalConfig, EvalSettings
 from astraflow.launch.checks import check_run, raise_problems, workflow_names, workflow_spec
-from astraflow.launch.config import PoolSection, RunConfig, WarmupSection
+from astraflow.launch.config import PolicySection, PoolSection, RunConfig, WarmupSection
 from astraflow.models import ModelSpec
 from astraflow.plugins import PluginSpec
 from astraflow.raas.config import NodeConfig
@@ -113,8 +113,8 @@ def node_config(
     node_id = node_id or f"{pool.name}-{secrets.token_hex(3)}"
     used = {p for src in config.sources for p in src.policies}
     policies = {
-        name: _rollout(config.policies[name].rollout, pool.policies.get(name))
-        for name in config.policies
+        name: _hosted(section, _rollout(section.rollout, pool.policies.get(name)))
+        for name, section in config.policies.items()
         if name in used
     }
     data: dict[str, Any] = {
@@ -138,6 +138,16 @@ def _rollout(base: RolloutConfig, override: RolloutConfig | None) -> RolloutConf
     if override is None:
         return base
     return base.model_copy(update={k: getattr(override, k) for k in override.model_fields_set})
+
+
+def _hosted(section: PolicySection, rollout: RolloutConfig) -> RolloutConfig:
+    """A frozen policy's nodes load its model themselves: no trainer publishes weights."""
+    if not section.frozen:
+        return rollout
+    update: dict[str, Any] = {"frozen": True}
+    if rollout.model is None:
+        update["model"] = section.model
+    return rollout.model_copy(update=update)
 
 
 def _dataflow_config(

@@ -469,3 +469,35 @@ def test_trainer_that_takes_again_frees_its_open_batch_at_once(
     svc.ack(AckRequest(batch_id=other.batch_id))
     pol = svc.report().policies["solver"]
     assert (pol.acked_samples, pol.served_samples, pol.buffered_samples) == (4, 0, 0)
+
+
+def test_frozen_policy_samples_are_dropped_and_never_throttle(tmp_path: Path, clock: Clock) -> None:
+    cfg = make_config(tmp_path / "run").model_dump(mode="json")
+    source = dict(cfg["sources"][0], policies=["solver", "judge"], epochs=None)
+    svc = service(
+        tmp_path,
+        clock,
+        sources=[source],
+        policies={
+            "solver": {"vocab_size": 64, "max_buffered": 256},
+            "judge": {"vocab_size": 64, "max_buffered": 2, "frozen": True},
+        },
+    )
+    for _ in range(3):  # judge samples well past its max_buffered: leasing goes on
+        tasks = lease(svc, capacity=4)
+        assert len(tasks) == 4
+        for t in tasks:
+            samples = make_group(t) + make_group(t, policy="judge", group_id=f"{t.task_id}:j")
+            secret = svc.queue.secret("n1", t.task_id, t.attempt)
+            reply = svc.submit(
+                SubmitRequest(node_id="n1", task_id=t.task_id, attempt=t.attempt, secret=secret,
+                              samples=samples)
+            )  # fmt: skip
+            assert reply.kept == {"solver": 2}
+            assert "frozen" in reply.dropped["judge"]
+    report = svc.report().policies
+    assert report["judge"].buffered_samples == 0
+    assert report["solver"].buffered_samples == 24
+    assert (
+        svc.take_batch(TakeBatchRequest(policy="judge", trainer_version=0, min_samples=1)) is None
+    )
