@@ -12,6 +12,12 @@ solver_verifier (per task, ``group_size`` solver attempts):
                        solver retries once in the same trajectory ──► verifier judges again
     solver reward   = reward(final answer)                     (correct: reward >= threshold)
     verifier reward = 1 if its verdict agrees with the answer's true correctness, else 0
+    verifier_balance: the verifier's group is instead ``group_size`` judgements, half of
+    right answers and half of wrong ones (the group's answers first; when it has none of a
+    kind, the task's reference answer, or answers the solver gave to other tasks), so a
+    verdict that ignores the answer earns exactly 0.5 in every group. Without it the
+    majority label wins (wrong while the solver is weak, right once it is good) and the
+    verifier learns to answer one label for everything.
 
 solver_selector:
 
@@ -22,8 +28,10 @@ solver_selector:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -139,6 +147,11 @@ class SolverVerifierConfig(_TwoRoleConfig):
     """What the solver is told after a rejection (context)."""
     judge_retry: bool = True
     """Have the verifier judge the retried answer too (another verifier sample)."""
+    verifier_balance: bool = False
+    """Train the verifier on a balanced group: half right answers, half wrong (the group's,
+    else the task's reference ``answer`` / answers given to other tasks)."""
+    balance_memory: int = Field(default=256, ge=1)
+    """Recent solver answers (of other tasks) kept as candidate wrong answers."""
 
 
 @WORKFLOWS.register("solver_verifier")
@@ -151,6 +164,7 @@ class SolverVerifier(_TwoRole):
     def __init__(self, config: SolverVerifierConfig, rng: random.Random) -> None:
         self.config = config
         self.rewards = RewardResolver(config.reward, seed=rng.randrange(2**31))
+        self._recent: deque[str] = deque(maxlen=config.balance_memory)
 
     async def __call__(
         self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
@@ -162,6 +176,10 @@ class SolverVerifier(_TwoRole):
         episodes = await asyncio.gather(
             *(self._episode(task, solver, verifier) for _ in range(task.group_size))
         )
+        judged = [j for _, judgements in episodes for j in judgements]
+        if self.config.verifier_balance:
+            judged = await self._balance(task, verifier, [a for a, _ in episodes])
+            self._recent.extend(a.answer for a, _ in episodes)
         samples: list[Sample] = []
         for attempt, _ in episodes:
             samples.append(
@@ -172,16 +190,15 @@ class SolverVerifier(_TwoRole):
                     meta={"role": "solver", "retried": attempt.retried},
                 )
             )
-        for _, judgements in episodes:
-            for traj, reward, verdict in judgements:
-                samples.append(
-                    traj.to_sample(
-                        task,
-                        reward,
-                        group_id=groups["verifier"],
-                        meta={"role": "verifier", "verdict": verdict},
-                    )
+        for traj, reward, verdict in judged:
+            samples.append(
+                traj.to_sample(
+                    task,
+                    reward,
+                    group_id=groups["verifier"],
+                    meta={"role": "verifier", "verdict": verdict},
                 )
+            )
         return samples
 
     async def _judge(
@@ -201,11 +218,38 @@ class SolverVerifier(_TwoRole):
         label = "none" if verdict is None else ("yes" if verdict else "no")
         return traj, reward, label
 
+    async def _balance(
+        self, task: Task, verifier: PolicyHandle, attempts: Sequence[_Attempt]
+    ) -> list[tuple[Trajectory, float, str]]:
+        """``group_size`` judgements, half of right answers and half of wrong ones."""
+        right = [a.answer for a in attempts if self._correct(a.reward)]
+        wrong = [a.answer for a in attempts if not self._correct(a.reward)]
+        if not right and "answer" in task.payload:
+            right = await self._scored(task, [str(task.payload["answer"])], correct=True)
+        if not wrong:
+            others = list(dict.fromkeys(reversed(self._recent)))[: 4 * task.group_size]
+            wrong = await self._scored(task, others, correct=False)
+        n_right = task.group_size // 2 + (task.group_size % 2 if len(right) > len(wrong) else 0)
+        if not right or not wrong:  # only one kind to show: as many as the group has
+            n_right = task.group_size if right else 0
+        picks = [(a, True) for a in itertools.islice(itertools.cycle(right), n_right)]
+        picks += [
+            (a, False) for a in itertools.islice(itertools.cycle(wrong), task.group_size - n_right)
+        ]
+        return list(await asyncio.gather(*(self._judge(task, verifier, a, ok) for a, ok in picks)))
+
+    async def _scored(self, task: Task, answers: list[str], correct: bool) -> list[str]:
+        """The ``answers`` whose true correctness on ``task`` is ``correct``."""
+        scores = await asyncio.gather(*(self.rewards.score(a, task.payload) for a in answers))
+        return [a for a, r in zip(answers, scores, strict=True) if self._correct(r) == correct]
+
     async def _episode(
         self, task: Task, solver: PolicyHandle, verifier: PolicyHandle
     ) -> tuple[_Attempt, list[tuple[Trajectory, float, str]]]:
         cfg = self.config
         attempt = await self._solve(task, solver, self.rewards)
+        if cfg.verifier_balance and not cfg.retry:  # the balanced group is judged later
+            return attempt, []
         judged = await self._judge(task, verifier, attempt.answer, self._correct(attempt.reward))
         judgements = [judged]
         if cfg.retry and judged[2] != "yes":

@@ -498,6 +498,5 @@ def test_frozen_policy_samples_are_dropped_and_never_throttle(tmp_path: Path, cl
     report = svc.report().policies
     assert report["judge"].buffered_samples == 0
     assert report["solver"].buffered_samples == 24
-    assert (
-        svc.take_batch(TakeBatchRequest(policy="judge", trainer_version=0, min_samples=1)) is None
-    )
+    nothing = TakeBatchRequest(policy="judge", trainer_version=0, min_samples=1)
+    assert svc.take_batch(nothing) is None
