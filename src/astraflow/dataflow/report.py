@@ -123,6 +123,8 @@ class _Node:
     failures: int = 0
     lease_expiries: int = 0
     stats: NodeStats = field(default_factory=NodeStats)
+    left: bool = False
+    """The node said it is stopping (released its leases): no longer counted as active."""
 
 
 @dataclass
@@ -231,10 +233,16 @@ class Telemetry:
     def node(self, node_id: str, pool: str, stats: NodeStats | None = None) -> _Node:
         """The node's book, marked as seen now (it called the service)."""
         book = self.book(node_id, pool)
-        book.pool, book.last_seen = pool, self.clock()
+        book.pool, book.last_seen, book.left = pool, self.clock(), False
         if stats is not None:
             book.stats = stats
         return book
+
+    def leave(self, node_id: str) -> None:
+        """The node is stopping: leave the active count now, not one lease ttl later."""
+        book = self.nodes.get(node_id)
+        if book is not None:
+            book.left = True
 
     def pool_of(self, node_id: str) -> str | None:
         """The pool the node last reported."""
@@ -283,7 +291,9 @@ class Telemetry:
     def active_nodes(self, now: float, ttl_s: float) -> list[_Node]:
         """Nodes that called within ``ttl_s``."""
         return [
-            n for n in self.nodes.values() if n.last_seen is not None and now - n.last_seen <= ttl_s
+            n
+            for n in self.nodes.values()
+            if not n.left and n.last_seen is not None and now - n.last_seen <= ttl_s
         ]
 
     def waiting(self, now: float) -> float | None:

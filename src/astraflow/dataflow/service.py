@@ -291,9 +291,10 @@ class DataflowService:
         return FailReply(requeued=requeued, failed=not requeued)
 
     def release(self, req: ReleaseRequest) -> ReleaseReply:
-        """Re-queue leases a stopping node hands back."""
+        """Re-queue leases a stopping node hands back; the node leaves the active count."""
         with self._change():
             n = self.queue.release(req.node_id, req.leases, self.clock())
+            self.telemetry.leave(req.node_id)
         return ReleaseReply(requeued=n)
 
     # ------------------------------------------------------------------ trainer side

@@ -378,15 +378,15 @@ class RolloutNode:
         for running in left:
             running.runner.cancel()
         await asyncio.gather(*(r.runner for r in left), return_exceptions=True)
-        if left:
-            refs = [r.ref() for r in left]
-            try:
-                reply = await self.dataflow.release(
-                    ReleaseRequest(node_id=self.config.node_id, leases=refs)
-                )
-                log.info("released leases=%d requeued=%d", len(refs), reply.requeued)
-            except Exception as exc:  # boundary: the leases expire instead
-                log.warning("release failed leases=%d error=%r", len(refs), exc)
+        # always sent, even with nothing to hand back: the service stops counting this node
+        refs = [r.ref() for r in left]
+        try:
+            reply = await self.dataflow.release(
+                ReleaseRequest(node_id=self.config.node_id, leases=refs)
+            )
+            log.info("released leases=%d requeued=%d", len(refs), reply.requeued)
+        except Exception as exc:  # boundary: the leases expire instead
+            log.warning("release failed leases=%d error=%r", len(refs), exc)
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -105,6 +105,7 @@ def test_sigterm_hands_leases_back_and_exits_zero(
         node.send_signal(signal.SIGTERM)
         assert node.wait(30) == 0
         assert time.monotonic() - sent < 20, "grace period 1 s: it must not wait for the tasks"
+        assert client.pool_sizes().pools["default"].observed == 0, "it left when it released"
         reply = client.lease(LeaseRequest(node_id="other", capacity=8, workflows=[SLEEPY]))
         assert len({t.task_id for t in reply.tasks}) == 3
         assert all(t.attempt == 1 for t in reply.tasks), "handed back, not expired (ttl 60 s)"
