@@ -150,6 +150,12 @@ class AutoscaleConfig(ConfigModel):
     """Resize pools automatically (``astraflow pool add|remove`` works either way)."""
     interval_s: float = Field(default=10.0, gt=0)
     """How often the target is read."""
+    scale_up_delay_s: float = Field(default=30.0, ge=0)
+    """Least time between a pool's resize and its next growth (a new node must show its
+    effect on trainer waiting first); never grows while a started node is not yet seen."""
+    scale_down_delay_s: float = Field(default=120.0, ge=0)
+    """Least time between a pool's resize and its next shrink, and the least age of a node
+    the autoscaler retires."""
 
 
 #: Component kinds a launcher starts (the keys of ``ray.resources``, besides ``node:<pool>``).
