@@ -35,7 +35,7 @@ from astraflow.dataflow.client import DataflowClient
 from astraflow.dataflow.config import ENV_TOKENS
 from astraflow.errors import AstraflowError, ServiceUnavailableError
 from astraflow.launch.config import PoolSection, RunConfig
-from astraflow.launch.plan import Plan, make_plan, node_config
+from astraflow.launch.plan import Plan, make_plan, node_config, node_stop_timeout
 from astraflow.launch.pools import PoolManager
 from astraflow.launch.processes import Component, ComponentGroup, Proc
 from astraflow.launch.status import RunStatus, StatusCollector
@@ -302,7 +302,7 @@ class Launcher:
     def shutdown(self) -> None:
         """Stop components in order: nodes, evaluators, trainers, weight server, dataflow."""
         self.pools.closing = True
-        self.group.stop(self.group.of_kind("node"), timeout_s=20)
+        self.group.stop(self.group.of_kind("node"), timeout_s=node_stop_timeout(self.config))
         self.group.stop(self.group.of_kind("eval"), timeout_s=60)
         self.group.stop(self.group.of_kind("trainer"), timeout_s=60)
         self.group.stop(self.group.of_kind("weights"), timeout_s=10)

@@ -34,7 +34,19 @@ from astraflow.raas.config import NodeConfig
 from astraflow.raas.config import PolicyConfig as RolloutConfig
 from astraflow.trainer.config import TrainerConfig, WarmupSettings
 
-__all__ = ["Plan", "make_plan", "node_config", "sync_round_tasks"]
+__all__ = [
+    "NODE_GRACE_S",
+    "Plan",
+    "make_plan",
+    "node_config",
+    "node_stop_timeout",
+    "sync_round_tasks",
+]
+
+#: A launched node's grace for running tasks on stop (``pools[].node.grace_s`` overrides it).
+NODE_GRACE_S = 10.0
+#: What a node may take beyond its grace to stop: cancel, hand leases back, close engines.
+NODE_CLOSE_S = 15.0
 
 
 @dataclass
@@ -129,8 +141,20 @@ def node_config(
         "capacity": pool.capacity,
         "work_dir": str(plan.run_dir / "nodes" / node_id),
         "seed": config.seed,
+        "grace_s": _grace(pool),
     }
     return validate(NodeConfig, data, source=f"pool {pool.name!r} node")
+
+
+def node_stop_timeout(config: RunConfig) -> float:
+    """How long a launcher waits for a stopping node before killing it: the longest grace of
+    any pool's nodes, plus the time to close (so a graceful stop is never cut short)."""
+    return max((_grace(p) for p in config.pools), default=NODE_GRACE_S) + NODE_CLOSE_S
+
+
+def _grace(pool: PoolSection) -> float:
+    """The pool's ``node.grace_s`` when set, else :data:`NODE_GRACE_S`."""
+    return pool.node.grace_s if "grace_s" in pool.node.model_fields_set else NODE_GRACE_S
 
 
 def _rollout(base: RolloutConfig, override: RolloutConfig | None) -> RolloutConfig:

@@ -247,3 +247,25 @@ async def test_cuda_engine_samples_on_the_device_with_exact_logprobs(tmp_path: P
             np.testing.assert_allclose(out.logprobs, ref, atol=1e-4)
     finally:
         await engine.close()
+
+
+async def test_close_cuts_a_running_batch_short(tmp_path: Path) -> None:
+    from astraflow.models import build_tokenizer
+
+    # a long batch: no EOS allowed before 4000 tokens (a SmolLM2 batch on CPU is minutes)
+    spec = tiny_spec(max_position_embeddings=4096)
+    context = EngineContext(
+        policy="p", tokenizer=build_tokenizer(spec), work_dir=tmp_path, model=spec, seed=3
+    )
+    engine = build_engine({"type": "transformers", "device": "cpu"}, context)
+    assert isinstance(engine, TransformersEngine)
+    prompt = tuple(context.tokenizer.encode("1+1="))
+    long = GenerationRequest(prompt, max_new_tokens=4000, min_new_tokens=4000)
+    running = asyncio.ensure_future(engine.generate([long, long]))
+    while engine.metrics()["batches"] < 1:  # the batch is on the engine thread
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    await engine.close()  # returns after the current step, not after 4000 of them
+    outputs = await running
+    assert [o.finish_reason for o in outputs] == ["abort", "abort"]
+    assert all(len(o.token_ids) < 4000 for o in outputs)

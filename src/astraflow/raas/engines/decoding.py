@@ -17,7 +17,7 @@ batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,8 +120,13 @@ class BatchDecoder:
         self.shared = torch.Generator(device=device).manual_seed(seed)
 
     @torch.inference_mode()
-    def run(self, rows: Sequence[DecodedRow]) -> None:
-        """Decode every row to completion (fills ``token_ids``, ``logprobs``, ``finish_reason``)."""
+    def run(self, rows: Sequence[DecodedRow], abort: Callable[[], bool] | None = None) -> None:
+        """Decode every row to completion (fills ``token_ids``, ``logprobs``, ``finish_reason``).
+
+        ``abort`` is asked before every step: once it says yes (the engine is closing), the
+        unfinished rows end there with finish reason ``abort`` instead of running on for up to
+        ``max_new_tokens`` more steps.
+        """
         from transformers import DynamicCache
 
         live = list(rows)
@@ -142,6 +147,10 @@ class BatchDecoder:
         next_pos = positions[:, -1:] + 1
         params = self._params(live)
         while live:
+            if abort is not None and abort():
+                for row in live:
+                    row.finish_reason = row.finish_reason or "abort"
+                return
             tokens, logprobs = sample_next(
                 out.logits[:, -1, :].float(),
                 *params,

@@ -193,7 +193,7 @@ class TransformersEngine(BatchingEngine):
         if not rows:
             return
         version = self._version
-        self._decoder.run(rows)
+        self._decoder.run(rows, abort=self._closed.is_set)
         done = time.monotonic()
         for job, row in zip(jobs, rows, strict=True):
             job.future.set_result(
