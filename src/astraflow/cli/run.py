@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="override the config's mode: 'sync' runs the same work trainer-centred, in "
         "lock-step rounds, for comparison",
     )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few trainer steps only (3 per trained policy, short warm-up, small held-out "
+        "sets): check that a config runs end to end before paying for the real run",
+    )
     add_common(parser)
     parser.set_defaults(func=_run)
 
@@ -55,7 +61,12 @@ def _load(args: argparse.Namespace) -> tuple[Any, Path]:
         overrides.append(f"run_dir={args.run_dir}")
     if args.mode:
         overrides.append(f"mode={args.mode}")
-    return load_config(RunConfig, path, overrides), Path(path).resolve().parent
+    config = load_config(RunConfig, path, overrides)
+    if args.smoke:
+        from astraflow.launch.smoke import smoke_config
+
+        config = smoke_config(config)
+    return config, Path(path).resolve().parent
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -10,12 +10,9 @@ against a real SGLang server runs only where SGLang and CUDA are installed.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,142 +20,14 @@ import pytest
 from astraflow.errors import ConfigError, ServiceUnavailableError, ValidationError
 from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
 from fixtures.models import tiny_spec
+from fixtures.openai_server import CompletionsServer
 from fixtures.raas import recompute_logprobs
-
-
-class CompletionsServer:
-    """``/v1/completions`` over a tiny model, served by uvicorn on a thread."""
-
-    def __init__(self) -> None:
-        import uvicorn
-        from starlette.applications import Starlette
-        from starlette.requests import Request
-        from starlette.responses import JSONResponse
-        from starlette.routing import Route
-
-        from astraflow.models import build_model, build_tokenizer
-
-        self.spec = tiny_spec(seed=4)
-        self.tokenizer = build_tokenizer(self.spec)
-        self.model = build_model(self.spec, self.tokenizer)
-        self.seen: list[dict[str, Any]] = []
-        self.headers: list[str | None] = []
-
-        async def completions(request: Request) -> JSONResponse:
-            body = await request.json()
-            self.seen.append(body)
-            self.headers.append(request.headers.get("authorization"))
-            if body.get("model") != "tiny":
-                return JSONResponse({"error": {"message": "model not found"}}, status_code=404)
-            if body.get("max_tokens") == 999:
-                return JSONResponse({"error": "boom"}, status_code=500)
-            return JSONResponse(await asyncio.to_thread(self._complete, body))
-
-        async def sglang_generate(request: Request) -> JSONResponse:
-            body = await request.json()
-            sampling = body["sampling_params"]
-            reply = await asyncio.to_thread(
-                self._complete,
-                {
-                    "prompt": body["input_ids"],
-                    "max_tokens": sampling["max_new_tokens"],
-                    "temperature": sampling["temperature"],
-                    "return_tokens_as_token_ids": True,
-                },
-            )
-            choice = reply["choices"][0]
-            ids = [int(t.removeprefix("token_id:")) for t in choice["logprobs"]["tokens"]]
-            pairs = [
-                [lp, i, None]
-                for lp, i in zip(choice["logprobs"]["token_logprobs"], ids, strict=True)
-            ]
-            return JSONResponse(
-                {
-                    "text": choice["text"],
-                    "output_ids": ids,
-                    "meta_info": {
-                        "output_token_logprobs": pairs,
-                        "finish_reason": {"type": choice["finish_reason"]},
-                    },
-                }
-            )
-
-        async def update_weights(request: Request) -> JSONResponse:
-            body = await request.json()
-            from safetensors.torch import load_file
-
-            state = load_file(str(Path(body["model_path"]) / "model.safetensors"))
-            self.model.load_state_dict(state)
-            self.weight_versions.append(body.get("weight_version"))
-            return JSONResponse({"success": True, "message": "ok"})
-
-        self.weight_versions: list[str | None] = []
-        app = Starlette(
-            routes=[
-                Route("/v1/completions", completions, methods=["POST"]),
-                Route("/generate", sglang_generate, methods=["POST"]),
-                Route("/update_weights_from_disk", update_weights, methods=["POST"]),
-            ]
-        )
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, access_log=False)
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        self.url = f"http://127.0.0.1:{self.server.servers[0].sockets[0].getsockname()[1]}"
-
-    def _complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        import torch
-
-        prompt = torch.tensor([body["prompt"]])
-        temperature = float(body.get("temperature", 1.0))
-        sample = (
-            {"do_sample": True, "temperature": temperature}
-            if temperature > 0
-            else {"do_sample": False}
-        )
-        temperature = temperature or 1.0  # greedy: logprobs at T = 1
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=prompt,
-                attention_mask=torch.ones_like(prompt),
-                max_new_tokens=body["max_tokens"],
-                top_k=0,
-                top_p=1.0,
-                output_logits=True,
-                return_dict_in_generate=True,
-                pad_token_id=self.tokenizer.pad_token_id,
-                **sample,
-            )
-        ids = out.sequences[0, prompt.shape[1] :].tolist()
-        logits = torch.stack(out.logits, dim=1)[0].float() / temperature
-        lps = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
-        if body.get("return_tokens_as_token_ids"):
-            tokens = [f"token_id:{i}" for i in ids]
-        else:
-            tokens = [self.tokenizer.decode([i]) for i in ids]
-        eos = self.tokenizer.eos_token_id
-        return {
-            "choices": [
-                {
-                    "text": self.tokenizer.decode(ids, skip_special_tokens=True),
-                    "logprobs": {"tokens": tokens, "token_logprobs": lps.tolist()},
-                    "finish_reason": "stop" if ids and ids[-1] == eos else "length",
-                }
-            ]
-        }
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
 def completions_server() -> Iterator[CompletionsServer]:
     """The stand-in server, shared by this module's tests."""
-    server = CompletionsServer()
+    server = CompletionsServer(tiny_spec(seed=4))
     yield server
     server.stop()
 
