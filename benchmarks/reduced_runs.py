@@ -2,8 +2,8 @@
 
 The e2e tests assert what the runs learn, not how long they take (a loaded CI machine is no
 failure of the code). The time is measured here: the reduced quickstart (250 versions, CI
-budget 3 minutes) and the shortened solver/verifier example (stopped after 80 s of training,
-budget 2 minutes for the whole run). Printed: seconds, versions trained, versions per second
+budget 3 minutes) and the shortened solver/verifier example (100 versions of each policy,
+budget 4 minutes for the whole run). Printed: seconds, versions trained, versions per second
 of run time (the in-run figure to compare between machines), and the budget.
 
     .venv/bin/python benchmarks/reduced_runs.py                 # both runs
@@ -32,8 +32,13 @@ RUNS = {
     ),
     "solver_verifier": (
         "solver_verifier.yaml",
-        ["max_time_s=80", "eval.0.every_s=3", "eval.1.every_s=3"],
-        120.0,
+        [
+            "policies.solver.trainer.max_steps=100",
+            "policies.verifier.trainer.max_steps=100",
+            "eval.0.every_s=3",
+            "eval.1.every_s=3",
+        ],
+        240.0,
     ),
 }
 

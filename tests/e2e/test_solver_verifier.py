@@ -1,4 +1,8 @@
-"""The shipped multi-policy example, shortened: two trainers, one workflow, both learn."""
+"""The shipped multi-policy example, shortened: two trainers, one workflow, both learn.
+
+The verifier's held-out accuracy must rise and never collapse to one label (what it did
+before its groups were balanced: ~0.5 on a held-out set of half right, half wrong answers).
+"""
 
 from __future__ import annotations
 
@@ -16,31 +20,39 @@ from fixtures.launch import ROOT, lines, processes_mentioning
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 EXAMPLE = ROOT / "examples" / "solver_verifier.yaml"
+STEPS = 100
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)
 def test_solver_and_verifier_both_learn(tmp_path: Path) -> None:
     run_dir = tmp_path / "sv"
     config = load_config(
         RunConfig,
         EXAMPLE,
-        [f"run_dir={run_dir}", "max_time_s=80", "eval.0.every_s=3", "eval.1.every_s=3"],
+        [
+            f"run_dir={run_dir}",
+            f"policies.solver.trainer.max_steps={STEPS}",
+            f"policies.verifier.trainer.max_steps={STEPS}",
+            "eval.0.every_s=3",
+            "eval.1.every_s=3",
+        ],
     )
     result = LocalRun(config, base_dir=EXAMPLE.parent).run()
 
-    assert result.reason == "max_time", result
+    assert result.reason == "finished", result
     rewards = {}
     for policy in ("solver", "verifier"):
         metrics = [json.loads(x) for x in lines(run_dir / "trainers" / policy / "metrics.jsonl")]
-        assert len(metrics) >= 100, f"{policy} trained only {len(metrics)} steps"
+        assert len(metrics) == STEPS, f"{policy} trained {len(metrics)} steps"
         assert {m["samples"] for m in metrics} == {128.0}, "its own batches, 16 groups each"
         first = statistics.mean(m["reward_mean"] for m in metrics[:25])
         last = statistics.mean(m["reward_mean"] for m in metrics[-25:])
         rewards[policy] = (round(first, 3), round(last, 3))
-    # solver: right answers; verifier: verdicts that agree with the answer's true correctness
     assert rewards["solver"][1] > rewards["solver"][0] + 0.1, rewards
-    assert rewards["verifier"][1] > rewards["verifier"][0] + 0.05, rewards
     summary = json.loads((run_dir / "summary.json").read_text())["policies"]
-    solver = summary["solver"]
+    solver, verifier = summary["solver"], summary["verifier"]
     assert solver["eval_accuracy"] >= solver["first_eval_accuracy"] + 0.15, summary
+    assert verifier["eval_accuracy"] >= verifier["first_eval_accuracy"] + 0.03, summary
+    held_out = [json.loads(x)["accuracy"] for x in lines(run_dir / "eval" / "verifier.jsonl")]
+    assert min(held_out) >= 0.7, f"the verifier collapsed to one label: {held_out}"
     assert processes_mentioning(str(run_dir)) == []

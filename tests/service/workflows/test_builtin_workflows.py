@@ -308,3 +308,30 @@ async def test_solver_testgen_random_models_structure() -> None:
         check_accounting(s, solver if s.policy == "solver" else testgen)
         assert s.reward == 0.0  # random characters neither solve nor test anything
     assert np.all([s.num_generated > 0 for s in samples])
+
+
+async def test_balanced_verifier_groups_hold_both_labels_whatever_the_solver_does() -> None:
+    # a verifier that says "yes" to everything must earn exactly 0.5 in every group:
+    # right answers and wrong ones are judged in equal numbers
+    verifier = TinyPolicy("verifier", script=lambda p: "yes")
+    wf = WORKFLOWS.build({"type": "solver_verifier", "retry": False, "verifier_balance": True})
+    right = TinyPolicy("solver", script=lambda p: "6" if "3+3" in p else "4")
+    policies_right = {"solver": right, "verifier": verifier}
+    policies_wrong = {"solver": TinyPolicy("solver", script=lambda p: "5"), "verifier": verifier}
+    other = {"prompt": "3+3=", "answer": "6", "reward": "synthetic_exact"}
+    # all wrong, first task: the right side comes from the task's reference answer
+    samples = await wf(_task("solver_verifier", ADD_PAYLOAD, 4), policies_wrong, {})
+    judged = [s for s in samples if s.meta["role"] == "verifier"]
+    assert len(judged) == 4 and sorted(s.reward for s in judged) == [0.0, 0.0, 1.0, 1.0]
+    # all right: the wrong side comes from answers the solver gave to other tasks ("6", "5")
+    samples = await wf(_task("solver_verifier", other, 4, "t-2"), policies_right, {})
+    samples = await wf(_task("solver_verifier", ADD_PAYLOAD, 4, "t-3"), policies_right, {})
+    judged = [s for s in samples if s.meta["role"] == "verifier"]
+    assert sorted(s.reward for s in judged) == [0.0, 0.0, 1.0, 1.0]
+    contexts = sorted(_decoded(verifier, s, mask=0) for s in judged)
+    assert any("Proposed answer: 6" in c for c in contexts)  # another task's answer, wrong here
+    assert [s.reward for s in samples if s.meta["role"] == "solver"] == [1.0] * 4
+    # without balance, the same all-right group teaches "yes" for everything
+    plain = WORKFLOWS.build({"type": "solver_verifier", "retry": False})
+    samples = await plain(_task("solver_verifier", ADD_PAYLOAD, 4), policies_right, {})
+    assert [s.reward for s in samples if s.meta["role"] == "verifier"] == [1.0] * 4
