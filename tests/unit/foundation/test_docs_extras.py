@@ -19,7 +19,9 @@ def test_every_workflow_is_in_the_workflows_table() -> None:
         for line in text.splitlines()
         if line.startswith("| `") and line.count("|") == 4
     }
-    names = set(WORKFLOWS.names())
+    names = {  # the shipped ones (tests register their own too)
+        n for n in WORKFLOWS.names() if WORKFLOWS.resolve(n).__module__.startswith("astraflow.")
+    }
     assert names and names <= rows, f"missing from docs/interfaces.md: {sorted(names - rows)}"
 
 
