@@ -92,7 +92,7 @@ def test_pool_resize_and_node_crash_lose_no_task(tmp_path: Path) -> None:
     assert processes_mentioning(str(run_dir)) == []
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(360)
 def test_autoscaler_follows_the_dead_band_target(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -118,7 +118,8 @@ def test_autoscaler_follows_the_dead_band_target(
     thread = threading.Thread(target=lambda: results.append(run.run(stop)))
     thread.start()
     try:
-        wait_for(lambda: len(node_processes(run_dir)) == 3, 120, "the pool to grow to max_nodes")
+        # each growth waits for the node before it to be seen (started, model loaded, leasing)
+        wait_for(lambda: len(node_processes(run_dir)) == 3, 240, "the pool to grow to max_nodes")
         with DataflowClient(run.plan.dataflow_url, timeout_s=10) as client:
             assert client.pool_sizes().pools["local"].desired == 3
     finally:

@@ -54,5 +54,5 @@ def test_solver_and_verifier_both_learn(tmp_path: Path) -> None:
     assert solver["eval_accuracy"] >= solver["first_eval_accuracy"] + 0.15, summary
     assert verifier["eval_accuracy"] >= verifier["first_eval_accuracy"] + 0.03, summary
     held_out = [json.loads(x)["accuracy"] for x in lines(run_dir / "eval" / "verifier.jsonl")]
-    assert min(held_out) >= 0.7, f"the verifier collapsed to one label: {held_out}"
+    assert min(held_out) >= 0.65, f"the verifier collapsed to one label: {held_out}"
     assert processes_mentioning(str(run_dir)) == []
