@@ -56,8 +56,9 @@ def extra_args(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[
     if stem == "ray":
         args += ["--cluster", "ray"]
     if stem == "smollm2":
-        from astraflow.errors import ConfigError
         from astraflow.models.pretrained import smollm2_dir
+
+        from astraflow.errors import ConfigError
 
         try:
             path = smollm2_dir()
