@@ -27,7 +27,7 @@ _MAX_TIME_S = 900.0
 
 def smoke_config(config: RunConfig) -> RunConfig:
     """``config`` shortened to :data:`SMOKE_STEPS` trainer steps per trained policy."""
-    data = config.model_dump(mode="json")
+    data = config.model_dump(mode="json", exclude_unset=True)  # defaults stay defaults
     for name in config.trained:
         policy = data["policies"][name]
         trainer = dict(policy.get("trainer") or {})

@@ -89,3 +89,20 @@ def test_replay_is_enabled_from_the_run_config(tmp_path: Path) -> None:
             ROOT / "examples" / "quickstart.yaml",
             [f"run_dir={tmp_path / 'run'}", "policies.policy.retain_acked=-1"],
         )
+
+
+def test_smoke_shortens_a_run_and_keeps_the_launchers_node_grace(tmp_path: Path) -> None:
+    from astraflow.launch.plan import NODE_GRACE_S, node_stop_timeout
+    from astraflow.launch.smoke import SMOKE_STEPS, smoke_config
+
+    config = load_config(
+        RunConfig, ROOT / "examples" / "solver_verifier.yaml", [f"run_dir={tmp_path / 'run'}"]
+    )
+    smoke = smoke_config(config)
+    for name in ("solver", "verifier"):
+        assert smoke.policies[name].trainer.max_steps == SMOKE_STEPS
+        warmup = smoke.policies[name].warmup
+        assert warmup is not None and warmup.steps <= 20
+    assert smoke.eval[1].generator.kwargs["task"]["size"] <= 20
+    node = node_config(make_plan(smoke, port=8123), smoke.pools[0])
+    assert node.grace_s == NODE_GRACE_S < node_stop_timeout(smoke)
