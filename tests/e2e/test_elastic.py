@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -58,11 +59,13 @@ def test_pool_resize_and_node_crash_lose_no_task(tmp_path: Path) -> None:
         wait_for(lambda: len(node_processes(run_dir)) == 2, 60, "a second node process")
         wait_for(lambda: client.report().pools["local"].nodes == 2, 60, "two nodes leasing")
 
-        # kill -9 the newer node while it holds leases: nothing is cleaned up anywhere
+        # kill -9 the newer node while it holds leases: nothing is cleaned up anywhere. It is
+        # frozen first (SIGSTOP) so that the leases read are the ones it dies with: a running
+        # node finishes these tiny tasks between a read and a kill
         (victim,) = set(node_processes(run_dir)) - {first}
-        wait_for(lambda: bool(leased_tasks(run_dir, victim)), 30, "the node to hold leases")
-        orphaned = leased_tasks(run_dir, victim)
-        os.kill(node_processes(run_dir)[victim], signal.SIGKILL)
+        pid = node_processes(run_dir)[victim]
+        orphaned = _freeze_holding_leases(run_dir, victim, pid)
+        os.kill(pid, signal.SIGKILL)
         # the launcher replaces the lost node to keep the desired size
         wait_for(
             lambda: len(node_processes(run_dir)) == 2 and victim not in node_processes(run_dir),
@@ -90,6 +93,19 @@ def test_pool_resize_and_node_crash_lose_no_task(tmp_path: Path) -> None:
         client.close()
     assert results and results[0].reason == "stopped", results
     assert processes_mentioning(str(run_dir)) == []
+
+
+def _freeze_holding_leases(run_dir: Path, node_id: str, pid: int) -> dict[str, int]:
+    """SIGSTOP ``pid`` at a moment its node holds leases; return them (task id -> attempt)."""
+    for _ in range(200):
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.3)  # let a request it sent before the freeze reach the service
+        held = leased_tasks(run_dir, node_id)
+        if held and held == leased_tasks(run_dir, node_id):
+            return held
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.2)
+    raise AssertionError(f"node {node_id} never held a lease while frozen")
 
 
 @pytest.mark.timeout(360)

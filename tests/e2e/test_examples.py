@@ -56,9 +56,8 @@ def extra_args(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[
     if stem == "ray":
         args += ["--cluster", "ray"]
     if stem == "smollm2":
-        from astraflow.models.pretrained import smollm2_dir
-
         from astraflow.errors import ConfigError
+        from smollm2 import smollm2_dir  # benchmarks/smollm2.py: converts the wheel once
 
         try:
             path = smollm2_dir()

@@ -91,6 +91,7 @@ def test_large_bodies_do_not_hold_other_calls_and_memory_is_bounded(
         t.start()
     time.sleep(0.5)  # every body is on its way or queued
     small = LeaseRequest(node_id="n2", capacity=1, workflows=["rlvr"]).model_dump_json()
+    lease_start = time.monotonic()
     r = httpx.post(proc.url + "/v1/lease", content=small, timeout=120)
     lease_done = time.monotonic()
     assert r.status_code == 200 and len(r.json()["tasks"]) == 1
@@ -98,10 +99,13 @@ def test_large_bodies_do_not_hold_other_calls_and_memory_is_bounded(
         t.join()
     storm = max(done) - start
 
-    # the lease completed while large submissions were in progress, behind at most the few
-    # the budget admitted before it, not behind every body the service had received
-    before_lease = sum(d < lease_done for d in done)
-    assert before_lease <= BODIES // 3, f"{before_lease} of {BODIES} submissions went first"
+    # the lease completed while large submissions were in progress, not behind the bodies the
+    # service had received: its latency is a fraction of the time the rest of them still took
+    # (how many bodies finish before the lease is sent depends on the machine's speed)
+    after_lease = sum(d > lease_done for d in done)
+    assert after_lease >= 2, f"only {after_lease} of {BODIES} submissions were left in progress"
+    latency, rest = lease_done - lease_start, max(done) - lease_start
+    assert latency < rest / 3, f"the lease took {latency:.2f} s of the {rest:.2f} s left"
     assert storm > 1.5 * (lease_done - start), "the lease did not overlap the submissions"
     peak = _status(proc.proc.pid, "VmHWM")
     assert peak - base < 6 * CAP_MB * MB, (
