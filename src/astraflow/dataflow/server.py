@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -21,7 +19,7 @@ from astraflow.config import dump_config
 from astraflow.dataflow.app import create_app
 from astraflow.dataflow.config import DataflowConfig
 from astraflow.dataflow.service import DataflowService
-from astraflow.errors import ServiceUnavailableError
+from astraflow.serving import BackgroundServer
 
 __all__ = ["ThreadedServer", "build_app", "serve"]
 
@@ -76,37 +74,8 @@ def serve(config: DataflowConfig, stop: threading.Event | None = None) -> None:
         done.set()
 
 
-class ThreadedServer:
-    """An app served by uvicorn on a background thread; ``url`` is valid after ``start``."""
+class ThreadedServer(BackgroundServer):
+    """The dataflow app served by uvicorn on a background thread."""
 
     def __init__(self, app: Starlette, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.server = uvicorn.Server(_uvicorn_config(app, host, port))
-        self.host = host
-        self.url = ""
-        self._thread = threading.Thread(target=self.server.run, name="dataflow-server", daemon=True)
-
-    def start(self, timeout_s: float = 30.0) -> str:
-        """Start serving; returns the base URL once the socket listens."""
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise ServiceUnavailableError("the dataflow server did not start")
-            time.sleep(0.01)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://{self.host}:{port}"
-        return self.url
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop serving and wait for the thread (the app closes its state on shutdown)."""
-        self.server.should_exit = True
-        self._thread.join(timeout_s)
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        super().__init__(uvicorn.Server(_uvicorn_config(app, host, port)), host, "dataflow server")

@@ -15,8 +15,6 @@ import hmac
 import json
 import logging
 import os
-import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -45,6 +43,7 @@ from astraflow.errors import (
     ValidationError,
 )
 from astraflow.plugins import ENV_SPEC, PluginSpec
+from astraflow.serving import BackgroundServer
 
 __all__ = ["TOKEN_ENV", "EnvServer", "EnvServerConfig", "ThreadedEnvServer", "create_app", "serve"]
 
@@ -259,28 +258,9 @@ def serve(config: EnvServerConfig) -> None:
     _uvicorn(create_app(config), config.host, config.port).run()
 
 
-class ThreadedEnvServer:
+class ThreadedEnvServer(BackgroundServer):
     """The server on a background thread (tests, benchmarks); ``url`` is set by ``start``."""
 
     def __init__(self, config: EnvServerConfig) -> None:
-        self.server = _uvicorn(create_app(config), config.host, config.port)
-        self.host = config.host
-        self.url = ""
-        self._thread = threading.Thread(target=self.server.run, name="env-server", daemon=True)
-
-    def start(self, timeout_s: float = 30.0) -> str:
-        """Start serving; the base URL once listening."""
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise ServiceUnavailableError("the env server did not start")
-            time.sleep(0.01)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        self.url = f"http://{self.host}:{port}"
-        return self.url
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop serving and wait for the thread."""
-        self.server.should_exit = True
-        self._thread.join(timeout_s)
+        super().__init__(_uvicorn(create_app(config), config.host, config.port), config.host,
+                         "env server")  # fmt: skip
