@@ -36,4 +36,4 @@ if [[ $FAST == 1 ]]; then
   exit 0
 fi
 echo "== mypy"; .venv/bin/mypy
-echo "== pytest"; .venv/bin/pytest "$@"
+echo "== pytest"; .venv/bin/pytest --durations=30 "$@"
