@@ -34,6 +34,7 @@ __all__ = [
     "SELECTOR_SPEC",
     "TOOL_SPEC",
     "WORKFLOW_SPEC",
+    "Configured",
     "NamedSpecs",
     "PluginOf",
     "PluginSpec",
@@ -44,6 +45,7 @@ __all__ = [
 
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
 class PluginSpec(BaseModel):
@@ -203,6 +205,14 @@ class Registry(Generic[T]):
             self._loaded = True
             for module in self._builtin_modules:
                 importlib.import_module(module)
+
+
+class Configured(Generic[ConfigT]):
+    """Base of a plug-in whose behaviour is its validated config alone: ``cls(config, rng)``
+    keeps ``config`` and leaves the injected RNG unused (subclasses still declare ``Config``)."""
+
+    def __init__(self, config: ConfigT, rng: random.Random | None = None) -> None:
+        self.config = config
 
 
 class _NoArguments(BaseModel):

@@ -11,21 +11,25 @@ from __future__ import annotations
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import Field, model_validator
 
 from astraflow.config import ConfigModel
 from astraflow.data_algorithms import FILTERS
+from astraflow.plugins import Configured
 from astraflow.records import Sample
 
 __all__ = ["DynamicSamplingFilter", "LengthFilter"]
 
+ConfigT = TypeVar("ConfigT", bound=ConfigModel)
 
-class _Counting:
-    """Counts checked and dropped groups per reason; no other state."""
 
-    def __init__(self) -> None:
+class _Counting(Configured[ConfigT]):
+    """A filter whose behaviour is its config; counts checked and dropped groups per reason."""
+
+    def __init__(self, config: ConfigT, rng: random.Random | None = None) -> None:
+        super().__init__(config, rng)
         self.checked = 0
         self.dropped: Counter[str] = Counter()
 
@@ -59,14 +63,10 @@ class DynamicSamplingConfig(ConfigModel):
 
 
 @FILTERS.register("dynamic_sampling")
-class DynamicSamplingFilter(_Counting):
+class DynamicSamplingFilter(_Counting[DynamicSamplingConfig]):
     """Drop groups whose rewards are all equal (all correct or all wrong)."""
 
     Config = DynamicSamplingConfig
-
-    def __init__(self, config: DynamicSamplingConfig, rng: random.Random) -> None:
-        super().__init__()
-        self.config = config
 
     def check(self, policy: str, group: Sequence[Sample]) -> str | None:
         """Drop a zero-variance group."""
@@ -96,14 +96,10 @@ class LengthConfig(ConfigModel):
 
 
 @FILTERS.register("length")
-class LengthFilter(_Counting):
+class LengthFilter(_Counting[LengthConfig]):
     """Drop groups with a sample outside the configured length bounds."""
 
     Config = LengthConfig
-
-    def __init__(self, config: LengthConfig, rng: random.Random) -> None:
-        super().__init__()
-        self.config = config
 
     def check(self, policy: str, group: Sequence[Sample]) -> str | None:
         """Name the first bound a sample breaks."""

@@ -16,13 +16,14 @@ import math
 import random
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, field_validator
 
 from astraflow.config import ConfigModel
 from astraflow.data_algorithms import SAMPLERS
 from astraflow.data_algorithms.protocols import BatchQuery, GroupView
+from astraflow.plugins import Configured
 
 __all__ = [
     "EdfSampler",
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 Order = Literal["fifo", "freshest", "edf"]
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
 def _fifo(groups: Sequence[GroupView]) -> list[GroupView]:
@@ -69,10 +71,11 @@ def fit(groups: Sequence[GroupView], budget: int) -> list[GroupView]:
     return out
 
 
-class _Stateless:
-    """Samplers whose only state is counters."""
+class _Stateless(Configured[ConfigT]):
+    """Samplers whose only state is their config and counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, config: ConfigT, rng: random.Random | None = None) -> None:
+        super().__init__(config, rng)
         self.batches = 0
 
     def state_dict(self) -> dict[str, Any]:
@@ -88,11 +91,8 @@ class _Stateless:
         return {"batches": float(self.batches)}
 
 
-class _Ordered(_Stateless):
+class _Ordered(_Stateless[BaseModel]):
     order: Order = "fifo"
-
-    def __init__(self, config: BaseModel, rng: random.Random) -> None:
-        super().__init__()
 
     def choose(
         self, query: BatchQuery, buffered: Sequence[GroupView], replayable: Sequence[GroupView]
@@ -133,14 +133,13 @@ class ReplayConfig(ConfigModel):
 
 
 @SAMPLERS.register("replay")
-class ReplaySampler(_Stateless):
+class ReplaySampler(_Stateless[ReplayConfig]):
     """Reuse acked groups (kept with the policy's ``retain_acked``) for part of each batch."""
 
     Config = ReplayConfig
 
     def __init__(self, config: ReplayConfig, rng: random.Random) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config, rng)
         self.rng = rng
         self.replayed_groups = 0
         self.fresh_groups = 0
@@ -207,14 +206,13 @@ class MixingConfig(ConfigModel):
 
 
 @SAMPLERS.register("mixing")
-class MixingSampler(_Stateless):
+class MixingSampler(_Stateless[MixingConfig]):
     """Compose batches whose samples come from task sources in proportion to weights."""
 
     Config = MixingConfig
 
     def __init__(self, config: MixingConfig, rng: random.Random) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config, rng)
         self.served: Counter[str] = Counter()
 
     def choose(

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.plugins import Configured
 from astraflow.workflows.chat_format import render_simple
 from astraflow.workflows.corpus import build_corpus
 from astraflow.workflows.tasks import GENERATORS
@@ -43,13 +44,10 @@ class SearchAgentSFTConfig(ConfigModel):
 
 
 @GENERATORS.register("search_agent_sft")
-class SearchAgentSFT:
+class SearchAgentSFT(Configured[SearchAgentSFTConfig]):
     """Rows ``{prompt, completion, correct}``: the agent's two turns per question."""
 
     Config = SearchAgentSFTConfig
-
-    def __init__(self, config: SearchAgentSFTConfig, rng: random.Random | None = None) -> None:
-        self.config = config
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Two rows per question: the search call, then the (noisy) answer."""

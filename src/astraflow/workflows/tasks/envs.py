@@ -23,7 +23,7 @@ from astraflow.config import ConfigModel
 from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, check_reset, check_step
 from astraflow.envs.registry import EnvFactory
 from astraflow.errors import ConfigError
-from astraflow.plugins import ENV_SPEC, PluginSpec
+from astraflow.plugins import ENV_SPEC, Configured, PluginSpec
 from astraflow.workflows.env import plain_turn
 from astraflow.workflows.tasks import GENERATORS
 
@@ -50,13 +50,10 @@ class EnvEpisodesConfig(ConfigModel):
 
 
 @GENERATORS.register("env_episodes")
-class EnvEpisodes:
+class EnvEpisodes(Configured[EnvEpisodesConfig]):
     """Rows ``{"id", "seed", "options"}`` for the ``env`` workflow."""
 
     Config = EnvEpisodesConfig
-
-    def __init__(self, config: EnvEpisodesConfig, rng: random.Random | None = None) -> None:
-        self.config = config
 
     def rows(self) -> Iterable[dict[str, Any]]:
         """One row per episode."""

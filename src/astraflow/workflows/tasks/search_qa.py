@@ -8,13 +8,13 @@ eval), so an eval question is never about a city seen in training.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import Field
 
 from astraflow.config import ConfigModel
+from astraflow.plugins import Configured
 from astraflow.workflows.corpus import build_corpus
 from astraflow.workflows.tasks import GENERATORS
 
@@ -39,13 +39,10 @@ class SearchQAConfig(ConfigModel):
 
 
 @GENERATORS.register("search_qa")
-class SearchQA:
+class SearchQA(Configured[SearchQAConfig]):
     """Questions over the local document collection, with short answers."""
 
     Config = SearchQAConfig
-
-    def __init__(self, config: SearchQAConfig, rng: random.Random | None = None) -> None:
-        self.config = config
 
     def rows(self) -> Iterator[dict[str, Any]]:
         """Questions of this split, in collection order."""
