@@ -21,9 +21,9 @@ import asyncio
 import contextlib
 import random
 import zlib
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, Protocol, TypeVar
 
 from pydantic import Field, field_validator
 
@@ -50,9 +50,16 @@ from astraflow.workflows.env_turns import (
     observation_text,
 )
 from astraflow.workflows.prompts import fill, get_policy
-from astraflow.workflows.registry import WORKFLOWS, PolicyName
+from astraflow.workflows.registry import WORKFLOWS, PolicyName, SinglePolicy
 
-__all__ = ["EnvWorkflow", "EnvWorkflowConfig", "episode_seed", "plain_turn"]
+__all__ = [
+    "EnvWorkflow",
+    "EnvWorkflowConfig",
+    "ObservationStyle",
+    "add_observation",
+    "episode_seed",
+    "plain_turn",
+]
 
 T = TypeVar("T")
 
@@ -108,6 +115,37 @@ def plain_turn(template: str, obs: Observation, turn: int, system: str | None = 
     return f"{system}{text}" if system and turn == 0 else text
 
 
+class ObservationStyle(Protocol):
+    """How an environment workflow's config renders observations."""
+
+    @property
+    def chat(self) -> bool:
+        """Chat messages (else plain text through ``observation_template``)."""
+        ...
+
+    @property
+    def system(self) -> str | None:
+        """System prompt before the first observation."""
+        ...
+
+    @property
+    def observation_template(self) -> str:
+        """Plain-text template of one observation."""
+        ...
+
+
+def add_observation(traj: Trajectory, obs: Observation, turn: int, style: ObservationStyle) -> None:
+    """Append one observation to ``traj``: plain text, or chat messages (the first turn opens
+    the prompt, after the system message)."""
+    if not style.chat:
+        traj.add_text(plain_turn(style.observation_template, obs, turn, style.system))
+    elif turn == 0:
+        head = [{"role": "system", "content": style.system}] if style.system else []
+        traj.add_prompt([*head, *observation_messages(obs)])
+    else:
+        traj.add_messages(observation_messages(obs))
+
+
 @dataclass
 class EpisodeResult:
     """What one episode produced beyond its tokens."""
@@ -119,7 +157,7 @@ class EpisodeResult:
 
 
 @WORKFLOWS.register("env")
-class EnvWorkflow:
+class EnvWorkflow(SinglePolicy[EnvWorkflowConfig]):
     """A policy plays ``group_size`` episodes of an environment; one sample per episode."""
 
     Config = EnvWorkflowConfig
@@ -128,11 +166,6 @@ class EnvWorkflow:
         self.config = config
         self.factory = EnvFactory(config.env, seed=rng.randrange(2**31))
         self.parser = ActionParser(config.action, config.sampling.stop)
-
-    @property
-    def policies(self) -> Sequence[str]:
-        """The one policy."""
-        return (self.config.policy,)
 
     async def __call__(
         self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
@@ -194,7 +227,7 @@ class EnvWorkflow:
         obs, info = check_reset(await self._env(env.areset(seed=seed, options=options), "reset"))
         max_turns = cfg.max_turns or env_traits(getattr(env, "env", env)).max_turns
         traj = Trajectory(policy)
-        self._observe(traj, obs, 0)
+        add_observation(traj, obs, 0, self.config)
         result = EpisodeResult()
         for turn in range(max_turns):
             if len(traj.token_ids) + cfg.sampling.max_new_tokens > cfg.max_context_tokens:
@@ -215,7 +248,7 @@ class EnvWorkflow:
             if terminated or truncated:
                 result.end = "terminated" if terminated else "truncated"
                 break
-            self._observe(traj, obs, turn + 1)
+            add_observation(traj, obs, turn + 1, self.config)
         result.success = bool(info.get(SUCCESS, sum(result.rewards) > 0))
         return traj, result
 
@@ -224,16 +257,6 @@ class EnvWorkflow:
             return check_step(step)
         except (TypeError, ValueError) as exc:
             raise EnvError(f"env {self.factory.name!r}: step {turn + 1}: {exc}") from exc
-
-    def _observe(self, traj: Trajectory, obs: Observation, turn: int) -> None:
-        cfg = self.config
-        if not cfg.chat:
-            traj.add_text(plain_turn(cfg.observation_template, obs, turn, cfg.system))
-        elif turn == 0:
-            head = [{"role": "system", "content": cfg.system}] if cfg.system else []
-            traj.add_prompt([*head, *observation_messages(obs)])
-        else:
-            traj.add_messages(observation_messages(obs))
 
     def _sample(self, task: Task, traj: Trajectory, result: EpisodeResult, seed: int) -> Sample:
         cfg = self.config

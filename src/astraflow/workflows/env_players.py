@@ -25,7 +25,7 @@ from astraflow.errors import EnvError
 from astraflow.plugins import PluginOf, PluginSpec
 from astraflow.records import Name, Sample, Task
 from astraflow.workflows.api import PolicyHandle, SamplingParams, Tool, Trajectory
-from astraflow.workflows.env import episode_seed, plain_turn
+from astraflow.workflows.env import add_observation, episode_seed
 from astraflow.workflows.env_turns import ActionConfig, ActionParser
 from astraflow.workflows.multi_policy import role_group_ids
 from astraflow.workflows.prompts import get_policy
@@ -169,19 +169,9 @@ class EnvPlayers:
                 raise EnvError(f"game {self.config.game.type!r}: unknown player {player!r}")
             seat = seats.index(player)
             obs = await self._call(game.observe, player, what="observe")
-            self._observe(trajs[seat], str(obs), trajs[seat].turns)
+            add_observation(trajs[seat], str(obs), trajs[seat].turns, self.config)
             gen = await trajs[seat].generate(self.config.sampling)
             action = self.parser(gen.text)
             ok = await self._call(game.play, action or gen.text.strip(), what="play")
             invalid[seat] += int(action is None or not ok)
         return invalid
-
-    def _observe(self, traj: Trajectory, obs: str, turn: int) -> None:
-        cfg = self.config
-        if not cfg.chat:
-            traj.add_text(plain_turn(cfg.observation_template, obs, turn, cfg.system))
-        elif turn == 0:
-            head = [{"role": "system", "content": cfg.system}] if cfg.system else []
-            traj.add_prompt([*head, {"role": "user", "content": obs}])
-        else:
-            traj.add_messages([{"role": "user", "content": obs}])

@@ -51,7 +51,7 @@ from astraflow.workflows.prompts import (
     question_text,
 )
 from astraflow.workflows.registry import WORKFLOWS, PolicyName, PromptConfig, RewardField
-from astraflow.workflows.rewards import RewardResolver
+from astraflow.workflows.rewards import RewardResolver, ScoredWorkflow
 
 __all__ = ["SolverSelector", "SolverVerifier", "role_group_ids"]
 
@@ -155,15 +155,14 @@ class SolverVerifierConfig(_TwoRoleConfig):
 
 
 @WORKFLOWS.register("solver_verifier")
-class SolverVerifier(_TwoRole):
+class SolverVerifier(_TwoRole, ScoredWorkflow[SolverVerifierConfig]):
     """A solver answers, a verifier judges; the solver may retry once after a rejection."""
 
     Config = SolverVerifierConfig
     roles = ("solver", "verifier")
 
     def __init__(self, config: SolverVerifierConfig, rng: random.Random) -> None:
-        self.config = config
-        self.rewards = RewardResolver(config.reward, seed=rng.randrange(2**31))
+        super().__init__(config, rng)
         self._recent: deque[str] = deque(maxlen=config.balance_memory)
 
     async def __call__(
@@ -280,15 +279,11 @@ class SolverSelectorConfig(_TwoRoleConfig):
 
 
 @WORKFLOWS.register("solver_selector")
-class SolverSelector(_TwoRole):
+class SolverSelector(_TwoRole, ScoredWorkflow[SolverSelectorConfig]):
     """A solver proposes ``group_size`` candidates; a selector picks the correct one."""
 
     Config = SolverSelectorConfig
     roles = ("solver", "selector")
-
-    def __init__(self, config: SolverSelectorConfig, rng: random.Random) -> None:
-        self.config = config
-        self.rewards = RewardResolver(config.reward, seed=rng.randrange(2**31))
 
     async def __call__(
         self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]

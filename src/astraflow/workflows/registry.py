@@ -18,7 +18,8 @@ the workflow that runs it (``task.workflow``). Built-ins register on first looku
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Generic, Protocol, TypeVar
 
 from pydantic import Field
 
@@ -34,6 +35,7 @@ __all__ = [
     "PolicyRole",
     "PromptConfig",
     "RewardField",
+    "SinglePolicy",
     "SingleRoleConfig",
 ]
 
@@ -91,3 +93,24 @@ class SingleRoleConfig(ConfigModel):
     """Reward by name or spec; unset: each task's ``payload['reward']``."""
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     """Prompt construction."""
+
+
+class _NamesOnePolicy(Protocol):
+    @property
+    def policy(self) -> str:
+        """The policy the workflow calls."""
+        ...
+
+
+RoleConfigT = TypeVar("RoleConfigT", bound=_NamesOnePolicy)
+
+
+class SinglePolicy(Generic[RoleConfigT]):
+    """Base of a workflow that calls the one policy its config names (``config.policy``)."""
+
+    config: RoleConfigT
+
+    @property
+    def policies(self) -> Sequence[str]:
+        """The one policy."""
+        return (self.config.policy,)

@@ -25,7 +25,7 @@ import random
 import re
 import string
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 from pydantic import Field
 
@@ -40,6 +40,7 @@ __all__ = [
     "REWARDS",
     "Reward",
     "RewardResolver",
+    "ScoredWorkflow",
     "extract_tagged",
     "normalize_answer",
     "token_f1",
@@ -279,3 +280,22 @@ class RewardResolver:
     async def score_all(self, responses: list[str], payload: Mapping[str, Any]) -> list[float]:
         """Score several responses to the same task concurrently."""
         return list(await asyncio.gather(*(self.score(r, payload) for r in responses)))
+
+
+class _NamesReward(Protocol):
+    @property
+    def reward(self) -> PluginSpec | str | None:
+        """The reward the workflow applies (None: each task's ``payload['reward']``)."""
+        ...
+
+
+RewardConfigT = TypeVar("RewardConfigT", bound=_NamesReward)
+
+
+class ScoredWorkflow(Generic[RewardConfigT]):
+    """Base of a workflow that scores with its config's ``reward``: keeps the config and a
+    :class:`RewardResolver` seeded from the build RNG."""
+
+    def __init__(self, config: RewardConfigT, rng: random.Random) -> None:
+        self.config = config
+        self.rewards = RewardResolver(config.reward, seed=rng.randrange(2**31))

@@ -8,34 +8,24 @@ by the configured reward (or the one the task names), one sample per completion.
 
 from __future__ import annotations
 
-import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from astraflow.errors import WorkflowError
 from astraflow.records import Sample, Task
 from astraflow.workflows.api import PolicyHandle, Tool, Trajectory, encode_prompt
 from astraflow.workflows.prompts import build_prompt, get_policy
-from astraflow.workflows.registry import WORKFLOWS, SingleRoleConfig
-from astraflow.workflows.rewards import RewardResolver
+from astraflow.workflows.registry import WORKFLOWS, SinglePolicy, SingleRoleConfig
+from astraflow.workflows.rewards import ScoredWorkflow
 
 __all__ = ["RLVR"]
 
 
 @WORKFLOWS.register("rlvr")
-class RLVR:
+class RLVR(SinglePolicy[SingleRoleConfig], ScoredWorkflow[SingleRoleConfig]):
     """Prompt → ``group_size`` completions → a reward each → one group."""
 
     Config = SingleRoleConfig
-
-    def __init__(self, config: SingleRoleConfig, rng: random.Random) -> None:
-        self.config = config
-        self.rewards = RewardResolver(config.reward, seed=rng.randrange(2**31))
-
-    @property
-    def policies(self) -> Sequence[str]:
-        """The one policy."""
-        return (self.config.policy,)
 
     async def __call__(
         self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]

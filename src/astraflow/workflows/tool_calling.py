@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated
 
 from pydantic import Field
@@ -27,8 +27,8 @@ from astraflow.plugins import TOOL_SPEC, PluginSpec
 from astraflow.records import Sample, Task
 from astraflow.workflows.api import PolicyHandle, SamplingParams, Tool, Trajectory
 from astraflow.workflows.prompts import build_prompt, get_policy
-from astraflow.workflows.registry import WORKFLOWS, SingleRoleConfig
-from astraflow.workflows.rewards import RewardResolver
+from astraflow.workflows.registry import WORKFLOWS, SinglePolicy, SingleRoleConfig
+from astraflow.workflows.rewards import ScoredWorkflow
 from astraflow.workflows.tools import TOOLS, parse_tool_call
 
 __all__ = ["ToolCalling"]
@@ -64,15 +64,14 @@ class ToolCallingConfig(SingleRoleConfig):
 
 
 @WORKFLOWS.register("tool_calling")
-class ToolCalling:
+class ToolCalling(SinglePolicy[ToolCallingConfig], ScoredWorkflow[ToolCallingConfig]):
     """Multi-turn tool use with a calculator and a local search tool."""
 
     Config = ToolCallingConfig
     open_tag, close_tag = "<tool>", "</tool>"
 
     def __init__(self, config: ToolCallingConfig, rng: random.Random) -> None:
-        self.config = config
-        self.rewards = RewardResolver(config.reward, seed=rng.randrange(2**31))
+        super().__init__(config, rng)
         self.tools: dict[str, Tool] = {}
         for spec in config.tools:
             tool = TOOLS.build(spec, seed=rng.randrange(2**31))
@@ -80,11 +79,6 @@ class ToolCalling:
         self.sampling = config.sampling.model_copy(
             update={"stop": (*config.sampling.stop, self.close_tag)}
         )
-
-    @property
-    def policies(self) -> Sequence[str]:
-        """The one policy."""
-        return (self.config.policy,)
 
     def _prompt_text(self) -> str:
         if self.config.instructions is None:
