@@ -26,8 +26,9 @@ from pydantic import Field
 from astraflow.config import ConfigModel
 from astraflow.envs.holdout import choose, split_of
 from astraflow.envs.household_worlds import World, load_worlds
-from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, INVALID_ACTION, SUCCESS, StepResult
+from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, INVALID_ACTION, StepResult
 from astraflow.envs.registry import ENVS
+from astraflow.envs.turns import TurnLimitedEnv
 
 __all__ = ["Household", "HouseholdConfig"]
 
@@ -94,24 +95,20 @@ def _clean(feedback: str) -> str:
 
 
 @ENVS.register("household")
-class Household:
+class Household(TurnLimitedEnv[HouseholdConfig]):
     """Put an object in or on a receptacle somewhere in a small house."""
 
     Config = HouseholdConfig
-    max_turns = 20
+    label = "household"
     action_format = "admissible"
-    concurrent_sessions = True
 
     def __init__(self, config: HouseholdConfig | None = None, rng: random.Random | None = None):
-        self.config = config or HouseholdConfig()
-        self.max_turns = self.config.max_turns
+        super().__init__(config, rng)
         self.worlds = _worlds(self.config.cache_dir, self.config.worlds, self.config.first_seed)
         self.world = self.worlds[0]
         self.game: Any = None
         self.game_state: Any = None
         self.task = ("", "")
-        self.turns = 0
-        self.done = True
 
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
@@ -127,8 +124,7 @@ class Household:
         self.game = _start(self.world.path)
         self.game_state = self.game.reset()
         self.task = (obj, rec)
-        self.turns = 0
-        self.done = False
+        self._start_episode()
         obj, rec = self.task
         prep = "in" if self.world.receptacles[rec][1] == "c" else "on"
         room = self.game_state.feedback[
@@ -139,9 +135,7 @@ class Household:
 
     def step(self, action: str) -> StepResult:
         """One TextWorld command."""
-        if self.done or self.game is None:
-            raise RuntimeError("household: the episode is over; call reset()")
-        self.turns += 1
+        self._take_turn(started=self.game is not None)
         command = " ".join(str(action).strip().lower().split())[:200]
         invalid = command not in self.game_state.admissible_commands
         if invalid:
@@ -150,11 +144,9 @@ class Household:
             self.game_state, _, _ = self.game.step(command)
             obs = _clean(self.game_state.feedback) or "Nothing happens."
         won = self._places().get(self.task[0]) == self.task[1]
-        truncated = not won and self.turns >= self.max_turns
-        self.done = won or truncated
         info: dict[str, Any] = {ADMISSIBLE_ACTIONS: self._admissible(), INVALID_ACTION: invalid}
+        truncated = self._end_turn(won, won, info)
         if self.done:
-            info[SUCCESS] = won
             self._release()
         return self._with_actions(obs), 1.0 if won else 0.0, won, truncated, info
 

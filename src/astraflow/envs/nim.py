@@ -27,8 +27,9 @@ from pydantic import Field
 from astraflow.config import ConfigModel
 from astraflow.envs.holdout import held_out, split_of
 from astraflow.envs.players import GAMES
-from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, INVALID_ACTION, SUCCESS, StepResult
+from astraflow.envs.protocol import ADMISSIBLE_ACTIONS, INVALID_ACTION, StepResult
 from astraflow.envs.registry import ENVS
+from astraflow.envs.turns import TurnLimitedEnv
 
 __all__ = ["Nim", "NimConfig", "NimGame", "NimGameConfig", "NimMatch", "draw_piles", "optimal_move"]
 
@@ -177,21 +178,17 @@ class NimConfig(NimGameConfig):
 
 
 @ENVS.register("nim")
-class Nim:
+class Nim(TurnLimitedEnv[NimConfig]):
     """Play Nim as player 0 against a scripted opponent."""
 
     Config = NimConfig
-    max_turns = 32
+    label = "nim"
     action_format = "admissible"
-    concurrent_sessions = True
 
     def __init__(self, config: NimConfig | None = None, rng: random.Random | None = None):
-        self.config = config or NimConfig()
-        self.max_turns = self.config.max_turns
+        super().__init__(config, rng)
         self.match: NimMatch | None = None
         self.opponent_rng = random.Random(0)
-        self.turns = 0
-        self.done = True
 
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
@@ -201,35 +198,27 @@ class Nim:
         piles = draw_piles(seed, cfg.piles, cfg.max_pile, cfg.holdout, split_of(options))
         self.match = NimMatch(piles)
         self.opponent_rng = random.Random(f"nim-opponent:{seed}" if seed is not None else None)
-        self.turns = 0
-        self.done = False
+        self._start_episode()
         return self.match.observe(0), {ADMISSIBLE_ACTIONS: legal_moves(self.match.piles)}
 
     def step(self, action: str) -> StepResult:
         """The agent's move, then the opponent's reply."""
         match = self.match
-        if self.done or match is None:
-            raise RuntimeError("nim: the episode is over; call reset()")
-        self.turns += 1
+        self._take_turn(started=match is not None)
+        assert match is not None
         invalid = not match.play(action)
         if not match.done and match.current == 1:
             match.play(self._opponent_move(match.piles))
         obs = match.observe(0)
         won = match.done and match.rewards()[0] == 1.0
-        truncated = not match.done and self.turns >= self.max_turns
-        self.done = match.done or truncated
         info: dict[str, Any] = {ADMISSIBLE_ACTIONS: legal_moves(match.piles)}
         info[INVALID_ACTION] = invalid
-        if self.done:
-            info[SUCCESS] = won
+        truncated = self._end_turn(match.done, won, info)
         return obs, 1.0 if won else 0.0, match.done, truncated, info
 
     def state(self) -> dict[str, Any]:
         """Piles left and moves made (``GET /state``)."""
         return {"piles": self.match.piles if self.match else [], "turns": self.turns}
-
-    def close(self) -> None:
-        """Nothing to release."""
 
     def _opponent_move(self, piles: list[int]) -> str:
         if self.opponent_rng.random() < self.config.opponent_skill:

@@ -27,8 +27,9 @@ from pydantic import Field
 from astraflow.config import ConfigModel
 from astraflow.envs.bm25 import Bm25Index
 from astraflow.envs.holdout import choose, split_of
-from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
+from astraflow.envs.protocol import INVALID_ACTION, StepResult
 from astraflow.envs.registry import ENVS
+from astraflow.envs.turns import TurnLimitedEnv
 
 __all__ = ["KnowledgeBase", "SearchAgent", "build_knowledge_base", "normalize_answer"]
 
@@ -157,23 +158,18 @@ class SearchAgentConfig(ConfigModel):
 
 
 @ENVS.register("search_agent")
-class SearchAgent:
+class SearchAgent(TurnLimitedEnv[SearchAgentConfig]):
     """Answer a multi-hop question with ``search[...]`` and ``answer[...]``."""
 
     Config = SearchAgentConfig
-    max_turns = 6
-    action_format = "text"
-    concurrent_sessions = True
+    label = "search"
 
     def __init__(
         self, config: SearchAgentConfig | None = None, rng: random.Random | None = None
     ) -> None:
-        self.config = config or SearchAgentConfig()
-        self.max_turns = self.config.max_turns
+        super().__init__(config, rng)
         self.kb = build_knowledge_base(self.config.kb_seed, self.config.people)
         self.question = self.kb.questions[0]
-        self.turns = 0
-        self.done = True
         self.seen: list[str] = []
 
     def reset(
@@ -184,8 +180,7 @@ class SearchAgent:
         self.question = choose(
             rng, self.kb.questions, lambda q: q.text, self.config.holdout, split_of(options)
         )
-        self.turns = 0
-        self.done = False
+        self._start_episode()
         self.seen = [self.question.text]
         obs = (
             f"Question: {self.question.text}\n"
@@ -195,9 +190,7 @@ class SearchAgent:
 
     def step(self, action: str) -> StepResult:
         """Run a search or check an answer."""
-        if self.done:
-            raise RuntimeError("search: the episode is over; call reset()")
-        self.turns += 1
+        self._take_turn()
         m = _ACTION.match(str(action))
         info: dict[str, Any] = {INVALID_ACTION: m is None}
         reward, terminated = 0.0, False
@@ -209,18 +202,12 @@ class SearchAgent:
             terminated = True
             reward = float(normalize_answer(m.group(2)) == normalize_answer(self.question.answer))
             obs = "Correct." if reward else "Wrong."
-        truncated = not terminated and self.turns >= self.max_turns
-        self.done = terminated or truncated
-        if self.done:
-            info[SUCCESS] = reward == 1.0
+        truncated = self._end_turn(terminated, reward == 1.0, info)
         return obs, reward, terminated, truncated, info
 
     def state(self) -> dict[str, Any]:
         """The question and actions used (``GET /state``)."""
         return {"question": self.question.text, "turns": self.turns}
-
-    def close(self) -> None:
-        """Nothing to release."""
 
     def _search(self, query: str) -> str:
         ids = self.kb.index.search(query, self.config.top_k)

@@ -21,9 +21,10 @@ from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.envs.holdout import choose, split_of
-from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
+from astraflow.envs.protocol import INVALID_ACTION, StepResult
 from astraflow.envs.registry import ENVS
 from astraflow.envs.shop_catalog import Instruction, Product, build_catalogue, score_purchase
+from astraflow.envs.turns import TurnLimitedEnv
 
 __all__ = ["Shop"]
 
@@ -46,17 +47,14 @@ class ShopConfig(ConfigModel):
 
 
 @ENVS.register("shop")
-class Shop:
+class Shop(TurnLimitedEnv[ShopConfig]):
     """The shop environment (one episode at a time)."""
 
     Config = ShopConfig
-    max_turns = 15
-    action_format = "text"
-    concurrent_sessions = True
+    label = "shop"
 
     def __init__(self, config: ShopConfig | None = None, rng: random.Random | None = None):
-        self.config = config or ShopConfig()
-        self.max_turns = self.config.max_turns
+        super().__init__(config, rng)
         self.catalogue = build_catalogue(self.config.catalogue_seed, self.config.products)
         self.goal: Instruction | None = None
         self.page = "search"
@@ -64,8 +62,6 @@ class Shop:
         self.result_page = 0
         self.item: Product | None = None
         self.chosen: dict[str, str] = {}
-        self.turns = 0
-        self.done = True
 
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
@@ -77,15 +73,14 @@ class Shop:
         self.goal = self.catalogue.instruction(rng, target)
         self.page, self.results, self.result_page, self.item = "search", [], 0, None
         self.chosen = {}
-        self.turns = 0
-        self.done = False
+        self._start_episode()
         return self._render(), {}
 
     def step(self, action: str) -> StepResult:
         """Search, click, or buy."""
-        if self.done or self.goal is None:
-            raise RuntimeError("shop: the episode is over; call reset()")
-        self.turns += 1
+        goal = self.goal
+        self._take_turn(started=goal is not None)
+        assert goal is not None
         m = _ACTION.match(str(action))
         reward, terminated, invalid = 0.0, False, True
         if m is not None and m.group(1) == "search" and self.page == "search":
@@ -94,16 +89,13 @@ class Shop:
             target = " ".join(m.group(2).strip().lower().split())
             if target == "buy now" and self.page == "item" and self.item is not None:
                 reward = score_purchase(
-                    self.goal, self.item, self.chosen.get("color"), self.chosen.get("size")
+                    goal, self.item, self.chosen.get("color"), self.chosen.get("size")
                 )
                 terminated, invalid = True, False
             else:
                 invalid = not self._click(target)
-        truncated = not terminated and self.turns >= self.max_turns
-        self.done = terminated or truncated
         info: dict[str, Any] = {INVALID_ACTION: invalid}
-        if self.done:
-            info[SUCCESS] = reward >= 1.0
+        truncated = self._end_turn(terminated, reward >= 1.0, info)
         obs = "Thank you for shopping with us!" if terminated else self._render()
         if invalid:
             obs = f"Invalid action.\n{obs}"
@@ -117,9 +109,6 @@ class Shop:
             "chosen": dict(self.chosen),
             "turns": self.turns,
         }
-
-    def close(self) -> None:
-        """Nothing to release."""
 
     # ------------------------------------------------------------------ pages
 

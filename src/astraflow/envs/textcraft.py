@@ -28,8 +28,9 @@ from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.envs.holdout import choose, split_of
-from astraflow.envs.protocol import INVALID_ACTION, SUCCESS, StepResult
+from astraflow.envs.protocol import INVALID_ACTION, StepResult
 from astraflow.envs.registry import ENVS
+from astraflow.envs.turns import TurnLimitedEnv
 
 __all__ = ["TextCraft", "recipe_book"]
 
@@ -166,19 +167,16 @@ class TextCraftConfig(ConfigModel):
 
 
 @ENVS.register("textcraft")
-class TextCraft:
+class TextCraft(TurnLimitedEnv[TextCraftConfig]):
     """The TextCraft environment (one episode at a time)."""
 
     Config = TextCraftConfig
-    max_turns = 20
-    action_format = "text"
-    concurrent_sessions = True
+    label = "textcraft"
 
     def __init__(self, config: TextCraftConfig | None = None, rng: random.Random | None = None):
-        self.config = config or TextCraftConfig()
+        super().__init__(config, rng)
         if self.config.min_depth > self.config.max_depth:
             raise ValueError("textcraft: min_depth must not exceed max_depth")
-        self.max_turns = self.config.max_turns
         self.book = recipe_book()
         self.goals = sorted(
             item
@@ -190,8 +188,6 @@ class TextCraft:
         self.goal = ""
         self.inventory: dict[str, int] = {}
         self.shown: list[Recipe] = []
-        self.turns = 0
-        self.done = True
 
     # ------------------------------------------------------------------ episode
 
@@ -202,8 +198,7 @@ class TextCraft:
         rng = random.Random(f"textcraft:{seed}" if seed is not None else None)
         self.goal = choose(rng, self.goals, str, self.config.holdout, split_of(options))
         self.inventory = {}
-        self.turns = 0
-        self.done = False
+        self._start_episode()
         needed = self._recipe_closure(self.goal)
         self.shown = needed + self._distractors(needed, rng)
         rng.shuffle(self.shown)
@@ -213,26 +208,18 @@ class TextCraft:
 
     def step(self, action: str) -> StepResult:
         """Apply ``get``, ``craft ... using ...`` or ``inventory``."""
-        if self.done:
-            raise RuntimeError("textcraft: the episode is over; call reset()")
-        self.turns += 1
+        self._take_turn()
         text = " ".join(str(action).strip().lower().split())
         obs, invalid = self._apply(text)
         success = self.inventory.get(self.goal, 0) > 0
-        truncated = not success and self.turns >= self.max_turns
-        self.done = success or truncated
         info: dict[str, Any] = {INVALID_ACTION: invalid}
-        if self.done:
-            info[SUCCESS] = success
+        truncated = self._end_turn(success, success, info)
         return obs, 1.0 if success else 0.0, success, truncated, info
 
     def state(self) -> dict[str, Any]:
         """Goal, inventory and actions used (``GET /state``)."""
         held = {_to_name(k): v for k, v in sorted(self.inventory.items())}
         return {"goal": _to_name(self.goal), "inventory": held, "turns": self.turns}
-
-    def close(self) -> None:
-        """Nothing to release."""
 
     # ------------------------------------------------------------------ actions
 
