@@ -53,7 +53,13 @@ from astraflow.workflows.prompts import (
 from astraflow.workflows.registry import WORKFLOWS, PolicyName, PromptConfig, RewardField
 from astraflow.workflows.rewards import RewardResolver, ScoredWorkflow
 
-__all__ = ["SolverSelector", "SolverVerifier", "role_group_ids"]
+__all__ = [
+    "SolverSelector",
+    "SolverVerifier",
+    "role_group_ids",
+    "role_policies",
+    "role_sample",
+]
 
 VERIFIER_TEMPLATE = (
     "Question: {question}\nProposed answer: {answer}\n"
@@ -87,6 +93,29 @@ def role_group_ids(task: Task, roles: Mapping[str, str]) -> dict[str, str]:
     """Role → group id: the task id, suffixed by role when two roles share a policy."""
     shared = len(set(roles.values())) < len(roles)
     return {role: f"{task.task_id}:{role}" if shared else task.task_id for role in roles}
+
+
+def role_policies(
+    task: Task, policies: Mapping[str, PolicyHandle], names: Mapping[str, str], workflow: str
+) -> tuple[list[PolicyHandle], dict[str, str]]:
+    """Each role's handle (``names``: role → the policy the config gives it), in order, and
+    each role's group id."""
+    handles = [get_policy(policies, name, workflow) for name in names.values()]
+    return handles, role_group_ids(
+        task, {role: h.name for role, h in zip(names, handles, strict=True)}
+    )
+
+
+def role_sample(
+    traj: Trajectory,
+    task: Task,
+    reward: float,
+    groups: Mapping[str, str],
+    role: str,
+    **meta: Any,
+) -> Sample:
+    """The sample of ``traj`` in ``role``'s group, its meta led by the role."""
+    return traj.to_sample(task, reward, group_id=groups[role], meta={"role": role, **meta})
 
 
 @dataclass
@@ -169,9 +198,10 @@ class SolverVerifier(_TwoRole, ScoredWorkflow[SolverVerifierConfig]):
         self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
     ) -> list[Sample]:
         """``group_size`` solver episodes, each judged (and maybe retried) concurrently."""
-        solver = get_policy(policies, self.config.solver, "solver_verifier")
-        verifier = get_policy(policies, self.config.verifier, "solver_verifier")
-        groups = role_group_ids(task, {"solver": solver.name, "verifier": verifier.name})
+        cfg = self.config
+        (solver, verifier), groups = role_policies(
+            task, policies, {"solver": cfg.solver, "verifier": cfg.verifier}, "solver_verifier"
+        )
         episodes = await asyncio.gather(
             *(self._episode(task, solver, verifier) for _ in range(task.group_size))
         )
@@ -179,25 +209,14 @@ class SolverVerifier(_TwoRole, ScoredWorkflow[SolverVerifierConfig]):
         if self.config.verifier_balance:
             judged = await self._balance(task, verifier, [a for a, _ in episodes])
             self._recent.extend(a.answer for a, _ in episodes)
-        samples: list[Sample] = []
-        for attempt, _ in episodes:
-            samples.append(
-                attempt.traj.to_sample(
-                    task,
-                    attempt.reward,
-                    group_id=groups["solver"],
-                    meta={"role": "solver", "retried": attempt.retried},
-                )
-            )
-        for traj, reward, verdict in judged:
-            samples.append(
-                traj.to_sample(
-                    task,
-                    reward,
-                    group_id=groups["verifier"],
-                    meta={"role": "verifier", "verdict": verdict},
-                )
-            )
+        samples = [
+            role_sample(a.traj, task, a.reward, groups, "solver", retried=a.retried)
+            for a, _ in episodes
+        ]
+        samples += [
+            role_sample(traj, task, reward, groups, "verifier", verdict=verdict)
+            for traj, reward, verdict in judged
+        ]
         return samples
 
     async def _judge(
@@ -290,9 +309,9 @@ class SolverSelector(_TwoRole, ScoredWorkflow[SolverSelectorConfig]):
     ) -> list[Sample]:
         """Candidates, then the selector's group of picks."""
         cfg = self.config
-        solver = get_policy(policies, cfg.solver, "solver_selector")
-        selector = get_policy(policies, cfg.selector, "solver_selector")
-        groups = role_group_ids(task, {"solver": solver.name, "selector": selector.name})
+        (solver, selector), groups = role_policies(
+            task, policies, {"solver": cfg.solver, "selector": cfg.selector}, "solver_selector"
+        )
         attempts = await asyncio.gather(
             *(self._solve(task, solver, self.rewards) for _ in range(task.group_size))
         )
@@ -308,9 +327,7 @@ class SolverSelector(_TwoRole, ScoredWorkflow[SolverSelectorConfig]):
         started = time.monotonic()
         picks = await selector.generate(prompt_ids, cfg.selector_sampling, n=size)
         samples = [
-            a.traj.to_sample(
-                task, a.reward, group_id=groups["solver"], meta={"role": "solver", "candidate": i}
-            )
+            role_sample(a.traj, task, a.reward, groups, "solver", candidate=i)
             for i, a in enumerate(attempts)
         ]
         for gen in picks:
@@ -319,12 +336,5 @@ class SolverSelector(_TwoRole, ScoredWorkflow[SolverSelectorConfig]):
             traj.add_generation(gen)
             choice = parse_choice(gen.text, len(attempts))
             reward = float(choice is not None and correct[choice])
-            samples.append(
-                traj.to_sample(
-                    task,
-                    reward,
-                    group_id=groups["selector"],
-                    meta={"role": "selector", "choice": choice},
-                )
-            )
+            samples.append(role_sample(traj, task, reward, groups, "selector", choice=choice))
         return samples

@@ -31,7 +31,7 @@ from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.errors import PluginError, RewardError, ValidationError
-from astraflow.plugins import PluginSpec, Registry
+from astraflow.plugins import Configured, PluginSpec, Registry
 from astraflow.workflows.code import solution_program, with_reference_tests
 from astraflow.workflows.mathcheck import as_gold, shared_pool
 from astraflow.workflows.sandbox import Sandbox, SandboxConfig
@@ -131,13 +131,10 @@ class SyntheticExact:
 
 
 @REWARDS.register("exact_match")
-class ExactMatch:
+class ExactMatch(Configured[_TagConfig]):
     """1.0 when the normalised answer equals any normalised gold answer."""
 
     Config = _TagConfig
-
-    def __init__(self, config: _TagConfig, rng: random.Random) -> None:
-        self.config = config
 
     async def __call__(self, response: str, payload: Mapping[str, Any]) -> float:
         """SQuAD exact match."""
@@ -146,13 +143,10 @@ class ExactMatch:
 
 
 @REWARDS.register("qa_f1")
-class QAF1:
+class QAF1(Configured[_TagConfig]):
     """Token F1 against the best-matching gold answer."""
 
     Config = _TagConfig
-
-    def __init__(self, config: _TagConfig, rng: random.Random) -> None:
-        self.config = config
 
     async def __call__(self, response: str, payload: Mapping[str, Any]) -> float:
         """SQuAD F1."""
@@ -209,13 +203,10 @@ class CodeTests:
 
 
 @REWARDS.register("reasoning_gym")
-class ReasoningGymScore:
+class ReasoningGymScore(Configured[_TagConfig]):
     """The reasoning-gym dataset's own ``score_answer`` (partial credit where it gives it)."""
 
     Config = _TagConfig
-
-    def __init__(self, config: _TagConfig, rng: random.Random) -> None:
-        self.config = config
 
     async def __call__(self, response: str, payload: Mapping[str, Any]) -> float:
         """Score with the dataset named in ``payload['dataset']``."""

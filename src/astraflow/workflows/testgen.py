@@ -43,8 +43,8 @@ from astraflow.workflows.code import (
     solution_program,
     with_reference_tests,
 )
-from astraflow.workflows.multi_policy import role_group_ids
-from astraflow.workflows.prompts import build_prompt, fill, get_policy
+from astraflow.workflows.multi_policy import role_policies, role_sample
+from astraflow.workflows.prompts import build_prompt, fill
 from astraflow.workflows.registry import WORKFLOWS, PolicyName, PromptConfig
 from astraflow.workflows.sandbox import Sandbox, SandboxConfig
 
@@ -103,9 +103,9 @@ class SolverTestgen:
     ) -> list[Sample]:
         """Generate solutions and tests, judge both in the sandbox, return both groups."""
         cfg = self.config
-        solver = get_policy(policies, cfg.solver, "solver_testgen")
-        testgen = get_policy(policies, cfg.testgen, "solver_testgen")
-        groups = role_group_ids(task, {"solver": solver.name, "testgen": testgen.name})
+        (solver, testgen), groups = role_policies(
+            task, policies, {"solver": cfg.solver, "testgen": cfg.testgen}, "solver_testgen"
+        )
         solver_prompt = build_prompt(
             task.payload,
             template=cfg.prompt.template,
@@ -131,11 +131,11 @@ class SolverTestgen:
             task, programs, [g.text for g in testsets]
         )
         samples = [
-            _sample(task, solver, s_ids, g, r, groups["solver"], "solver", started)
+            _sample(task, solver, s_ids, g, r, groups, "solver", started)
             for g, r in zip(solutions, solver_rewards, strict=True)
         ]
         samples += [
-            _sample(task, testgen, t_ids, g, r, groups["testgen"], "testgen", started)
+            _sample(task, testgen, t_ids, g, r, groups, "testgen", started)
             for g, r in zip(testsets, testgen_rewards, strict=True)
         ]
         return samples
@@ -188,11 +188,11 @@ def _sample(
     prompt_ids: list[int],
     gen: Generation,
     reward: float,
-    group_id: str,
+    groups: Mapping[str, str],
     role: str,
     started: float,
 ) -> Sample:
     traj = Trajectory(policy, started=started)
     traj.add_tokens(prompt_ids)
     traj.add_generation(gen)
-    return traj.to_sample(task, reward, group_id=group_id, meta={"role": role})
+    return role_sample(traj, task, reward, groups, role)
