@@ -18,33 +18,39 @@ import numpy as np
 import torch
 
 from astraflow.records import Task
-from astraflow.workflows.api import Generation, Prompt, SamplingParams, encode_prompt
+from astraflow.workflows.api import (
+    Generation,
+    NamedPolicy,
+    Prompt,
+    SamplingParams,
+    encode_prompt,
+)
 from astraflow.workflows.env import EnvWorkflow, EnvWorkflowConfig
 
-__all__ = ["LocalPolicy", "evaluate_episodes"]
+__all__ = ["LocalPolicy", "evaluate_episodes", "left_padded"]
 
 
-class LocalPolicy:
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prompts`` as one left-padded batch for ``generate``: token ids and attention mask."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    return ids, mask
+
+
+class LocalPolicy(NamedPolicy):
     """A policy handle over an in-process model; turns of concurrent episodes are batched."""
 
     def __init__(self, name: str, model: Any, tokenizer: Any, version: int, seed: int) -> None:
-        self._name = name
+        super().__init__(name, tokenizer)
         self.model = model
-        self._tokenizer = tokenizer
         self._version = version
         self._pending: list[tuple[list[int], SamplingParams, asyncio.Future[Generation]]] = []
         self._flush: asyncio.Task[None] | None = None
         self._gen = torch.Generator().manual_seed(seed)
-
-    @property
-    def name(self) -> str:
-        """Policy name."""
-        return self._name
-
-    @property
-    def tokenizer(self) -> Any:
-        """The model's tokenizer."""
-        return self._tokenizer
 
     @property
     def version(self) -> int:
@@ -84,12 +90,8 @@ class LocalPolicy:
     def _decode(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         tok = self._tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
+        ids, mask = left_padded(prompts, pad)
+        width = ids.shape[1]
         greedy = params.temperature == 0
         out = self.model.generate(
             input_ids=ids,

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from astraflow.evaluation.config import EvalConfig
-from astraflow.evaluation.episodes import LocalPolicy, evaluate_episodes
+from astraflow.evaluation.episodes import LocalPolicy, evaluate_episodes, left_padded
 from astraflow.plugins import validate_config
 from astraflow.records import NO_VERSION
 from astraflow.weights import WeightClient
@@ -164,12 +164,8 @@ class Evaluator:
         pad = self.tokenizer.pad_token_id
         if pad is None:
             pad = self.tokenizer.eos_token_id
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, width - len(p) :] = torch.tensor(p)
-            mask[i, width - len(p) :] = 1
+        ids, mask = left_padded(prompts, pad)
+        width = ids.shape[1]
         out = self.model.generate(
             input_ids=ids,
             attention_mask=mask,

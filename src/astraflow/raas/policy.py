@@ -22,21 +22,26 @@ import numpy as np
 from astraflow.errors import ValidationError
 from astraflow.raas.engines.base import Engine, GenerationRequest, WeightSource
 from astraflow.records import NO_VERSION
-from astraflow.workflows.api import Generation, Prompt, SamplingParams, encode_prompt
+from astraflow.workflows.api import (
+    Generation,
+    NamedPolicy,
+    Prompt,
+    SamplingParams,
+    encode_prompt,
+)
 
 __all__ = ["NodePolicy", "held_versions"]
 
 log = logging.getLogger(__name__)
 
 
-class NodePolicy:
+class NodePolicy(NamedPolicy):
     """One hosted policy: a ``PolicyHandle`` over an engine, plus its refresh state."""
 
     def __init__(
         self, name: str, tokenizer: Any, engine: Engine, *, frozen: bool, from_store: bool
     ) -> None:
-        self._name = name
-        self._tokenizer = tokenizer
+        super().__init__(name, tokenizer)
         self.engine = engine
         self.frozen = frozen
         self.from_store = from_store
@@ -47,16 +52,6 @@ class NodePolicy:
         self.generations = 0
         if engine.version >= 0:
             self._ready.set()
-
-    @property
-    def name(self) -> str:
-        """Policy name (the ``policy`` field of the samples it trains)."""
-        return self._name
-
-    @property
-    def tokenizer(self) -> Any:
-        """The policy's Hugging Face tokenizer."""
-        return self._tokenizer
 
     @property
     def version(self) -> int:

@@ -34,6 +34,7 @@ from astraflow.records import NO_VERSION, Sample, Task
 __all__ = [
     "Generation",
     "Message",
+    "NamedPolicy",
     "PolicyHandle",
     "Prompt",
     "SamplingParams",
@@ -123,6 +124,25 @@ class PolicyHandle(Protocol):
     ) -> list[Generation]:
         """Sample ``n`` completions of ``prompt``; requests from many workflows are batched."""
         ...
+
+
+class NamedPolicy:
+    """Base of a :class:`PolicyHandle` whose name and tokenizer are fixed when it is made (the
+    subclass gives ``version`` and ``generate``)."""
+
+    def __init__(self, name: str, tokenizer: Any) -> None:
+        self._name = name
+        self._tokenizer = tokenizer
+
+    @property
+    def name(self) -> str:
+        """Policy name (the ``policy`` field of the samples it trains)."""
+        return self._name
+
+    @property
+    def tokenizer(self) -> Any:
+        """The policy's Hugging Face tokenizer."""
+        return self._tokenizer
 
 
 @runtime_checkable

@@ -26,8 +26,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from astraflow.errors import AstraflowError, ServiceUnavailableError
-from astraflow.raas.engines.base import EngineOutput, GenerationRequest
+from astraflow.errors import AstraflowError, ServiceUnavailableError, ValidationError
+from astraflow.raas.engines.base import EngineOutput, GenerationRequest, check_prompt
 
 __all__ = ["BatchingEngine", "Pending"]
 
@@ -128,6 +128,20 @@ class BatchingEngine(abc.ABC):
     @abc.abstractmethod
     def _run_batch(self, batch: list[Pending]) -> None:
         """Generate for every pending request and resolve its future (engine thread)."""
+
+    @staticmethod
+    def _admit(
+        batch: list[Pending], vocab: int, context_len: int | None
+    ) -> list[tuple[Pending, int]]:
+        """The jobs whose prompt the model can take, each with its new-token budget; every
+        other job fails with its validation error."""
+        admitted: list[tuple[Pending, int]] = []
+        for job in batch:
+            try:
+                admitted.append((job, check_prompt(job.request, vocab, context_len)))
+            except ValidationError as exc:
+                job.future.set_exception(exc)
+        return admitted
 
     def _shutdown(self) -> None:  # noqa: B027  # optional hook, empty by default
         """Release resources after the thread stopped (override when needed)."""

@@ -32,7 +32,6 @@ from astraflow.raas.engines.base import (
     EngineContext,
     EngineOutput,
     WeightSource,
-    check_prompt,
 )
 from astraflow.raas.engines.batching import BatchingEngine, Pending
 from astraflow.raas.engines.decoding import BatchDecoder, DecodedRow
@@ -180,18 +179,11 @@ class TransformersEngine(BatchingEngine):
             )
         vocab = int(self._model.get_input_embeddings().num_embeddings)
         context_len = getattr(self._model.config, "max_position_embeddings", None)
-        rows: list[DecodedRow] = []
-        jobs: list[Pending] = []
-        for job in batch:
-            try:
-                budget = check_prompt(job.request, vocab, context_len)
-            except ValidationError as exc:
-                job.future.set_exception(exc)
-                continue
-            rows.append(DecodedRow(job.request, budget))
-            jobs.append(job)
-        if not rows:
+        admitted = self._admit(batch, vocab, context_len)
+        if not admitted:
             return
+        rows = [DecodedRow(job.request, budget) for job, budget in admitted]
+        jobs = [job for job, _ in admitted]
         version = self._version
         self._decoder.run(rows, abort=self._closed.is_set)
         done = time.monotonic()

@@ -25,14 +25,13 @@ import numpy as np
 from pydantic import Field
 
 from astraflow.config import ConfigModel
-from astraflow.errors import ConfigError, ServiceUnavailableError, ValidationError
+from astraflow.errors import ConfigError, ServiceUnavailableError
 from astraflow.raas.engines.base import (
     ENGINES,
     EngineContext,
     EngineOutput,
     GenerationRequest,
     WeightSource,
-    check_prompt,
 )
 from astraflow.raas.engines.batching import BatchingEngine, Pending
 from astraflow.raas.engines.host import HostWeights, write_model_dir
@@ -195,19 +194,14 @@ class VllmEngine(BatchingEngine):
             )
         from vllm.inputs import TokensPrompt
 
-        vocab, context_len = self._limits()
-        prompts, params, jobs = [], [], []
-        for job in batch:
-            try:
-                budget = check_prompt(job.request, vocab, context_len)
-            except ValidationError as exc:
-                job.future.set_exception(exc)
-                continue
-            prompts.append(TokensPrompt(prompt_token_ids=list(job.request.prompt_ids)))
-            params.append(self._sampling(job.request, budget))
-            jobs.append(job)
-        if not jobs:
+        admitted = self._admit(batch, *self._limits())
+        if not admitted:
             return
+        prompts = [
+            TokensPrompt(prompt_token_ids=list(job.request.prompt_ids)) for job, _ in admitted
+        ]
+        params = [self._sampling(job.request, budget) for job, budget in admitted]
+        jobs = [job for job, _ in admitted]
         version = self._version
         outputs = self._llm.generate(prompts, params, use_tqdm=False)
         done = time.monotonic()
