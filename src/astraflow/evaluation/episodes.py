@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from astraflow.models.padding import left_padded
 from astraflow.records import Task
 from astraflow.workflows.api import (
     Generation,
@@ -27,18 +28,7 @@ from astraflow.workflows.api import (
 )
 from astraflow.workflows.env import EnvWorkflow, EnvWorkflowConfig
 
-__all__ = ["LocalPolicy", "evaluate_episodes", "left_padded"]
-
-
-def left_padded(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``prompts`` as one left-padded batch for ``generate``: token ids and attention mask."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    return ids, mask
+__all__ = ["LocalPolicy", "evaluate_episodes"]
 
 
 class LocalPolicy(NamedPolicy):

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from astraflow.evaluation.config import EvalConfig
-from astraflow.evaluation.episodes import LocalPolicy, evaluate_episodes, left_padded
+from astraflow.evaluation.episodes import LocalPolicy, evaluate_episodes
+from astraflow.models.padding import left_padded
 from astraflow.plugins import validate_config
 from astraflow.records import NO_VERSION
 from astraflow.weights import WeightClient

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from astraflow.models.padding import left_padded
 from astraflow.raas.engines.base import GenerationRequest
 from astraflow.workflows.api import FinishReason
 
@@ -180,12 +181,7 @@ class BatchDecoder:
             next_pos = next_pos + 1
 
     def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
-            ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[i, width - len(prompt) :] = 1
+        ids, mask = left_padded(prompts, self.pad_id)
         return ids.to(self.device), mask.to(self.device)
 
     def _params(
