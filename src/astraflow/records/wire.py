@@ -159,6 +159,22 @@ MaskArray = Annotated[
 ]
 
 
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def ordered_fields(low: str, high: str, *, verb: str = "is larger than") -> Any:
+    """A model validator, assigned in a model's class body: field ``low`` may not be above
+    field ``high`` (the error names both, with their values)."""
+
+    def check(model: ModelT) -> ModelT:
+        lo, hi = getattr(model, low), getattr(model, high)
+        if lo > hi:
+            raise ValueError(f"{low} ({lo}) {verb} {high} ({hi})")
+        return model
+
+    return model_validator(mode="after")(check)
+
+
 class Record(BaseModel):
     """Base of every wire record: strict keys, immutable after validation."""
 
@@ -475,13 +491,7 @@ class TakeBatchRequest(Record):
     timeout_s: float = Field(default=30.0, ge=0, le=600)
     """Long-poll: wait up to this long for ``min_samples`` to be available."""
 
-    @model_validator(mode="after")
-    def _check_sizes(self) -> TakeBatchRequest:
-        if self.min_samples > self.max_samples:
-            raise ValueError(
-                f"min_samples ({self.min_samples}) is larger than max_samples ({self.max_samples})"
-            )
-        return self
+    _check_sizes = ordered_fields("min_samples", "max_samples")
 
 
 class Batch(Record):

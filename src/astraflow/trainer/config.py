@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr
 
 from astraflow.config import ConfigModel, env_secret
 from astraflow.models import ModelSpec
-from astraflow.records import Name
+from astraflow.records import Name, ordered_fields
 from astraflow.weights.config import WeightStoreConfig
 
 __all__ = [
@@ -107,13 +107,7 @@ class BatchConfig(ConfigModel):
     take_timeout_s: float = Field(default=30.0, ge=0, le=600)
     """Long-poll time of one take_batch call."""
 
-    @model_validator(mode="after")
-    def _check_sizes(self) -> BatchConfig:
-        if self.min_samples > self.max_samples:
-            raise ValueError(
-                f"min_samples ({self.min_samples}) is larger than max_samples ({self.max_samples})"
-            )
-        return self
+    _check_sizes = ordered_fields("min_samples", "max_samples")
 
 
 class CheckpointConfig(ConfigModel):

@@ -29,11 +29,11 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.plugins import WORKFLOW_SPEC, PluginSpec
-from astraflow.records import Name, Sample, Task
+from astraflow.records import Name, Sample, Task, ordered_fields
 from astraflow.workflows.api import Generation, PolicyHandle, Prompt, SamplingParams, Tool
 from astraflow.workflows.registry import POLICY_ROLE, WORKFLOWS
 
@@ -52,13 +52,7 @@ class LengthDistribution(ConfigModel):
     max_tokens: int = Field(default=256, ge=1)
     """Longest length drawn (the context must hold prompt + this)."""
 
-    @model_validator(mode="after")
-    def _range(self) -> LengthDistribution:
-        if self.min_tokens > self.max_tokens:
-            raise ValueError(
-                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"
-            )
-        return self
+    _range = ordered_fields("min_tokens", "max_tokens", verb="must not exceed")
 
     def draw(self, rng: random.Random) -> int:
         """One length."""
