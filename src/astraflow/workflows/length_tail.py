@@ -27,14 +27,21 @@ import dataclasses
 import math
 import random
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.plugins import WORKFLOW_SPEC, PluginSpec
 from astraflow.records import Name, Sample, Task, ordered_fields
-from astraflow.workflows.api import Generation, PolicyHandle, Prompt, SamplingParams, Tool
+from astraflow.workflows.api import (
+    Generation,
+    NamedPolicy,
+    PolicyHandle,
+    Prompt,
+    SamplingParams,
+    Tool,
+)
 from astraflow.workflows.registry import POLICY_ROLE, WORKFLOWS
 
 __all__ = ["LengthDistribution", "LongTail", "LongTailConfig"]
@@ -79,26 +86,18 @@ class LongTailConfig(ConfigModel):
     """The answer is the text before the first occurrence of this; the rest is filler."""
 
 
-class _TailHandle:
-    """A policy handle that gives each generation its drawn length."""
+class _TailHandle(NamedPolicy):
+    """A policy handle that gives each generation its drawn length (the wrapped policy's name
+    and tokenizer)."""
 
     def __init__(
         self, inner: PolicyHandle, lengths: LengthDistribution, rng: random.Random, end: str
     ) -> None:
+        super().__init__(inner.name, inner.tokenizer)
         self._inner = inner
         self._lengths = lengths
         self._rng = rng
         self._end = end
-
-    @property
-    def name(self) -> str:
-        """The wrapped policy's name."""
-        return self._inner.name
-
-    @property
-    def tokenizer(self) -> Any:
-        """The wrapped policy's tokenizer."""
-        return self._inner.tokenizer
 
     @property
     def version(self) -> int:
