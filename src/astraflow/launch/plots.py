@@ -42,14 +42,7 @@ def write_plots(run_dir: Path) -> list[Path]:
         ax2.plot(xs, ys, marker=".", label=f"{policy} (greedy, held-out)")
     ax2.set(xlabel="seconds since RL start (version published)", ylabel="accuracy",
             title="held-out accuracy", ylim=(0, 1.02))  # fmt: skip
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    reward_png = run_dir / "reward.png"
-    fig.savefig(reward_png, dpi=110)
-    plt.close(fig)
+    reward_png = _save(plt, fig, run_dir / "reward.png")
 
     reports = JsonlTail(run_dir / "report.jsonl").read()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -69,14 +62,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     ax1.set(xlabel="seconds", ylabel="samples/s", title="throughput (report window)")
     ax2.set(xlabel="seconds", ylabel="fraction", title="trainer time waiting for batches",
             ylim=(0, 1.02))  # fmt: skip
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    throughput_png = run_dir / "throughput.png"
-    fig.savefig(throughput_png, dpi=110)
-    plt.close(fig)
+    throughput_png = _save(plt, fig, run_dir / "throughput.png")
     written = [reward_png, throughput_png]
     success_png = _success_plot(plt, run_dir / "success.png", metrics, evals, t0)
     if success_png is not None:
@@ -105,8 +91,15 @@ def _success_plot(
                 marker=".", label=f"{policy} (held-out episodes)")  # fmt: skip
     ax.set(xlabel="seconds since RL start", ylabel="success rate", title="episode success",
            ylim=(0, 1.02))  # fmt: skip
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    """Grid and legend (where something is labelled) on every axis; write ``path``; close."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
