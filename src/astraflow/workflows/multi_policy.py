@@ -127,8 +127,24 @@ class _Attempt:
 
 
 class _TwoRole:
+    workflow: str
+    """Registry name (in error messages)."""
     roles: tuple[str, str]
+    """The two roles, each named by the config field of the same name."""
     config: Any
+
+    async def __call__(
+        self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
+    ) -> list[Sample]:
+        """Both roles' policies and group ids, then :meth:`_play`."""
+        names = {role: getattr(self.config, role) for role in self.roles}
+        (solver, other), groups = role_policies(task, policies, names, self.workflow)
+        return await self._play(task, solver, other, groups)
+
+    async def _play(
+        self, task: Task, solver: PolicyHandle, other: PolicyHandle, groups: dict[str, str]
+    ) -> list[Sample]:
+        raise NotImplementedError
 
     def _judge_prompt(self, template: str, **values: str) -> Any:
         text = fill(template, values)
@@ -188,20 +204,17 @@ class SolverVerifier(_TwoRole, ScoredWorkflow[SolverVerifierConfig]):
     """A solver answers, a verifier judges; the solver may retry once after a rejection."""
 
     Config = SolverVerifierConfig
+    workflow = "solver_verifier"
     roles = ("solver", "verifier")
 
     def __init__(self, config: SolverVerifierConfig, rng: random.Random) -> None:
         super().__init__(config, rng)
         self._recent: deque[str] = deque(maxlen=config.balance_memory)
 
-    async def __call__(
-        self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
+    async def _play(
+        self, task: Task, solver: PolicyHandle, verifier: PolicyHandle, groups: dict[str, str]
     ) -> list[Sample]:
         """``group_size`` solver episodes, each judged (and maybe retried) concurrently."""
-        cfg = self.config
-        (solver, verifier), groups = role_policies(
-            task, policies, {"solver": cfg.solver, "verifier": cfg.verifier}, "solver_verifier"
-        )
         episodes = await asyncio.gather(
             *(self._episode(task, solver, verifier) for _ in range(task.group_size))
         )
@@ -302,16 +315,14 @@ class SolverSelector(_TwoRole, ScoredWorkflow[SolverSelectorConfig]):
     """A solver proposes ``group_size`` candidates; a selector picks the correct one."""
 
     Config = SolverSelectorConfig
+    workflow = "solver_selector"
     roles = ("solver", "selector")
 
-    async def __call__(
-        self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
+    async def _play(
+        self, task: Task, solver: PolicyHandle, selector: PolicyHandle, groups: dict[str, str]
     ) -> list[Sample]:
         """Candidates, then the selector's group of picks."""
         cfg = self.config
-        (solver, selector), groups = role_policies(
-            task, policies, {"solver": cfg.solver, "selector": cfg.selector}, "solver_selector"
-        )
         attempts = await asyncio.gather(
             *(self._solve(task, solver, self.rewards) for _ in range(task.group_size))
         )
