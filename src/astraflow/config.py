@@ -28,9 +28,11 @@ __all__ = [
     "load_config",
     "read_jsonl",
     "read_yaml",
+    "role_tokens",
 ]
 
 M = TypeVar("M", bound=BaseModel)
+RoleT = TypeVar("RoleT", bound=str)
 
 
 class ConfigModel(BaseModel):
@@ -55,6 +57,18 @@ def env_secret(*names: str) -> Callable[[], SecretStr | None]:
         return SecretStr(value) if value else None
 
     return read
+
+
+def role_tokens(config: BaseModel, env_names: Mapping[RoleT, str]) -> dict[RoleT, str]:
+    """Bearer token per role of a service's auth config: its ``SecretStr | None`` field named
+    like the role, else the role's environment variable; roles with neither are left out."""
+    out: dict[RoleT, str] = {}
+    for role, env in env_names.items():
+        secret: SecretStr | None = getattr(config, role)
+        value = secret.get_secret_value() if secret is not None else os.environ.get(env, "")
+        if value:
+            out[role] = value
+    return out
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:

@@ -5,13 +5,12 @@ run_dir/ policies{} sources[] selector filters[] sampler lease regulation report
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from astraflow.config import ConfigModel
+from astraflow.config import ConfigModel, role_tokens
 from astraflow.plugins import FILTER_SPEC, GENERATOR_SPEC, SAMPLER_SPEC, SELECTOR_SPEC, PluginSpec
 from astraflow.records import Name, Role
 
@@ -183,13 +182,7 @@ class AuthConfig(ConfigModel):
 
     def tokens(self) -> dict[Role, str]:
         """Configured tokens per role, falling back to the environment."""
-        out: dict[Role, str] = {}
-        for role, env in ENV_TOKENS.items():
-            secret: SecretStr | None = getattr(self, role)
-            value = secret.get_secret_value() if secret is not None else os.environ.get(env, "")
-            if value:
-                out[role] = value
-        return out
+        return role_tokens(self, ENV_TOKENS)
 
 
 class LimitsConfig(ConfigModel):

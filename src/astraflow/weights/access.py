@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import SecretStr
 
-from astraflow.config import ConfigModel
+from astraflow.config import ConfigModel, role_tokens
 from astraflow.errors import AuthError, ForbiddenError
 
 __all__ = ["ENV_WEIGHT_TOKENS", "WeightRole", "WeightsAuth", "WeightsAuthConfig", "client_token"]
@@ -42,13 +42,7 @@ class WeightsAuthConfig(ConfigModel):
 
     def tokens(self) -> dict[WeightRole, str]:
         """Configured tokens per role, falling back to the environment."""
-        out: dict[WeightRole, str] = {}
-        for role, env in ENV_WEIGHT_TOKENS.items():
-            secret: SecretStr | None = getattr(self, role)
-            value = secret.get_secret_value() if secret is not None else os.environ.get(env, "")
-            if value:
-                out[role] = value
-        return out
+        return role_tokens(self, ENV_WEIGHT_TOKENS)
 
 
 def client_token() -> str | None:
