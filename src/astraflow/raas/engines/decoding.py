@@ -137,14 +137,7 @@ class BatchDecoder:
         ids, mask = self._left_pad([r.request.prompt_ids for r in live])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out = self._forward(ids, mask, positions, cache, logits_to_keep=1)
         next_pos = positions[:, -1:] + 1
         params = self._params(live)
         while live:
@@ -171,14 +164,21 @@ class BatchDecoder:
                 live = [live[i] for i in keep]
                 params = self._params(live)
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            out = self.model(
-                input_ids=step,
-                attention_mask=mask,
-                position_ids=next_pos,
-                past_key_values=cache,
-                use_cache=True,
-            )
+            out = self._forward(step, mask, next_pos, cache)
             next_pos = next_pos + 1
+
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, **kw: Any
+    ) -> Any:
+        """One forward pass over ``ids`` that extends the KV ``cache``."""
+        return self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            **kw,
+        )
 
     def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         ids, mask = left_padded(prompts, self.pad_id)
