@@ -17,7 +17,7 @@ import importlib
 import random
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from astraflow.config import ConfigModel
 from astraflow.envs.protocol import (
@@ -28,6 +28,7 @@ from astraflow.envs.protocol import (
 )
 from astraflow.envs.registry import ENVS
 from astraflow.errors import ConfigError
+from astraflow.records import exactly_one
 
 __all__ = ["GymEnv", "GymEnvConfig"]
 
@@ -48,11 +49,9 @@ class GymEnvConfig(ConfigModel):
     max_turns: int | None = Field(default=None, ge=1)
     """Most actions per episode (default: the spec's max_episode_steps, else 32)."""
 
-    @model_validator(mode="after")
-    def _one_source(self) -> GymEnvConfig:
-        if (self.id is None) == (self.entry_point is None):
-            raise ValueError("gymnasium env needs exactly one of 'id' or 'entry_point'")
-        return self
+    _one_source = exactly_one(
+        "id", "entry_point", "gymnasium env needs exactly one of 'id' or 'entry_point'"
+    )
 
 
 @ENVS.register("gymnasium")

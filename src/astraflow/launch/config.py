@@ -33,7 +33,7 @@ from astraflow.models import ModelSpec
 from astraflow.plugins import GENERATOR_SPEC, TOOL_SPEC, WORKFLOW_SPEC, NamedSpecs, PluginSpec
 from astraflow.raas.config import NodeSettings
 from astraflow.raas.config import PolicyConfig as RolloutConfig
-from astraflow.records import Name
+from astraflow.records import Name, exactly_one
 from astraflow.trainer.config import TrainerSettings, WarmupSettings
 from astraflow.weights.config import WeightStoreConfig
 
@@ -59,11 +59,9 @@ class WarmupSection(WarmupSettings):
     generator: Annotated[PluginSpec | None, GENERATOR_SPEC] = None
     """Or a task generator whose rows have ``prompt`` and ``completion`` (e.g. noisy_sft)."""
 
-    @model_validator(mode="after")
-    def _one_source(self) -> WarmupSection:
-        if (self.pairs is None) == (self.generator is None):
-            raise ValueError("warmup needs exactly one of 'pairs' (a file) or 'generator'")
-        return self
+    _one_source = exactly_one(
+        "pairs", "generator", "warmup needs exactly one of 'pairs' (a file) or 'generator'"
+    )
 
 
 class PolicySection(PolicySettings):

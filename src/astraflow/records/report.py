@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Final, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from astraflow.records.wire import Name, NodeStats, Record
+from astraflow.records.wire import Name, NodeStats, Record, exactly_one
 
 # --------------------------------------------------------------------------- dataflow report
 
@@ -203,11 +203,9 @@ class PoolSizeRequest(Record):
     delta: int | None = Field(default=None, ge=-MAX_POOL_NODES, le=MAX_POOL_NODES)
     """Change of the desired count (from the observed count if none was set); floored at 0."""
 
-    @model_validator(mode="after")
-    def _one_of(self) -> PoolSizeRequest:
-        if (self.nodes is None) == (self.delta is None):
-            raise ValueError("give exactly one of 'nodes' (absolute) and 'delta' (relative)")
-        return self
+    _one_of = exactly_one(
+        "nodes", "delta", "give exactly one of 'nodes' (absolute) and 'delta' (relative)"
+    )
 
 
 class PoolSize(Record):

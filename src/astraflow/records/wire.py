@@ -175,6 +175,18 @@ def ordered_fields(low: str, high: str, *, verb: str = "is larger than") -> Any:
     return model_validator(mode="after")(check)
 
 
+def exactly_one(first: str, second: str, message: str) -> Any:
+    """A model validator, assigned in a model's class body: exactly one of the fields
+    ``first`` and ``second`` is set (not None); else ``ValueError(message)``."""
+
+    def check(model: ModelT) -> ModelT:
+        if (getattr(model, first) is None) == (getattr(model, second) is None):
+            raise ValueError(message)
+        return model
+
+    return model_validator(mode="after")(check)
+
+
 class Record(BaseModel):
     """Base of every wire record: strict keys, immutable after validation."""
 
