@@ -168,21 +168,21 @@ class ReplaySampler(_Stateless[ReplayConfig]):
     def state_dict(self) -> dict[str, Any]:
         """Counters."""
         return {
-            "batches": self.batches,
+            **super().state_dict(),
             "replayed": self.replayed_groups,
             "fresh": self.fresh_groups,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore counters."""
-        self.batches = int(state.get("batches", 0))
+        super().load_state_dict(state)
         self.replayed_groups = int(state.get("replayed", 0))
         self.fresh_groups = int(state.get("fresh", 0))
 
     def metrics(self) -> dict[str, float]:
         """Fresh and replayed groups served."""
         return {
-            "batches": float(self.batches),
+            **super().metrics(),
             "replayed_groups": float(self.replayed_groups),
             "fresh_groups": float(self.fresh_groups),
         }
@@ -251,16 +251,14 @@ class MixingSampler(_Stateless[MixingConfig]):
         return [g.key for g in chosen]
 
     def state_dict(self) -> dict[str, Any]:
-        """Samples served per source."""
-        return {"batches": self.batches, "served": dict(self.served)}
+        """Batches composed and samples served per source."""
+        return {**super().state_dict(), "served": dict(self.served)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore counters."""
-        self.batches = int(state.get("batches", 0))
+        super().load_state_dict(state)
         self.served = Counter({k: int(v) for k, v in state.get("served", {}).items()})
 
     def metrics(self) -> dict[str, float]:
-        """Samples served per source."""
-        out = {"batches": float(self.batches)}
-        out.update({f"served_{k}": float(v) for k, v in self.served.items()})
-        return out
+        """Batches composed and samples served per source."""
+        return {**super().metrics(), **{f"served_{k}": float(v) for k, v in self.served.items()}}
