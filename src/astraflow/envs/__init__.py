@@ -6,6 +6,8 @@ component. The ``env`` workflow (``astraflow.workflows.env``) drives these with 
     protocol.py     Environment / AsyncEnvironment (gymnasium semantics with text), info keys,
                     env_traits, as_async, check_reset / check_step
     registry.py     ENVS (plug-in registry), EnvFactory (one instance per episode)
+    turns.py        TurnLimitedEnv: turn count, truncation and end-of-episode info of the
+                    shipped text environments (shop, textcraft, search_agent, nim, household)
     gridnav.py      ``gridnav``: walk to a goal on a small grid (the CPU recipe)
     gym_adapter.py  ``gymnasium``: any gymnasium.Env with text observation/action spaces
     remote.py       ``remote``: an environment served by ``astraflow env serve`` (OpenEnv wire)
