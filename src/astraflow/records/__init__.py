@@ -8,7 +8,8 @@ value ranges and finiteness are checked here once, for every component.
     Task ──lease──► node ──workflow──► Sample* ──submit──► buffer[policy] ──take──► Batch
                                           (one group per task and policy)
 
-``wire``: the messages and their codec; ``report``: the report and admin records.
+``wire``: the messages and their codec; ``report``: the report and admin records;
+``validators``: cross-field rules (``ordered_fields``, ``exactly_one``) for records and configs.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from astraflow.records.report import (
     TaskQueueReport,
     TrainerReport,
 )
+from astraflow.records.validators import exactly_one, ordered_fields
 from astraflow.records.wire import (
     JSON_MEDIA_TYPE,
     MAX_WIRE_INT,
@@ -68,9 +70,7 @@ from astraflow.records.wire import (
     SubmitRequest,
     TakeBatchRequest,
     Task,
-    exactly_one,
     groups_of,
-    ordered_fields,
     pack,
     parse,
     parse_json,

@@ -10,7 +10,8 @@ from typing import Final, Literal
 
 from pydantic import Field
 
-from astraflow.records.wire import Name, NodeStats, Record, exactly_one
+from astraflow.records.validators import exactly_one
+from astraflow.records.wire import Name, NodeStats, Record
 
 # --------------------------------------------------------------------------- dataflow report
 

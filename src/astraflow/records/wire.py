@@ -25,10 +25,10 @@ from pydantic import (
     ValidationInfo,
     WithJsonSchema,
     field_validator,
-    model_validator,
 )
 
 from astraflow.errors import ValidationError
+from astraflow.records.validators import ordered_fields
 
 WIRE_VERSION: Final = "v1"
 MSGPACK_MEDIA_TYPE: Final = "application/msgpack"
@@ -157,34 +157,6 @@ MaskArray = Annotated[
     _array_serializer("uint8"),
     _array_schema("uint8", {"type": "integer", "minimum": 0, "maximum": 1}),
 ]
-
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-def ordered_fields(low: str, high: str, *, verb: str = "is larger than") -> Any:
-    """A model validator, assigned in a model's class body: field ``low`` may not be above
-    field ``high`` (the error names both, with their values)."""
-
-    def check(model: ModelT) -> ModelT:
-        lo, hi = getattr(model, low), getattr(model, high)
-        if lo > hi:
-            raise ValueError(f"{low} ({lo}) {verb} {high} ({hi})")
-        return model
-
-    return model_validator(mode="after")(check)
-
-
-def exactly_one(first: str, second: str, message: str) -> Any:
-    """A model validator, assigned in a model's class body: exactly one of the fields
-    ``first`` and ``second`` is set (not None); else ``ValueError(message)``."""
-
-    def check(model: ModelT) -> ModelT:
-        if (getattr(model, first) is None) == (getattr(model, second) is None):
-            raise ValueError(message)
-        return model
-
-    return model_validator(mode="after")(check)
 
 
 class Record(BaseModel):
