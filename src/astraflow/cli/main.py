@@ -16,7 +16,18 @@ from astraflow import __version__
 from astraflow.errors import AstraflowError
 
 #: Subcommand modules, in the order ``--help`` lists them.
-SUBCOMMANDS = ("run", "dataflow", "weights", "raas", "train", "eval", "pool", "config", "env")
+SUBCOMMANDS = (
+    "run",
+    "dataflow",
+    "weights",
+    "raas",
+    "train",
+    "eval",
+    "export",
+    "pool",
+    "config",
+    "env",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,7 +28,7 @@ from astraflow.workflows.api import (
 )
 from astraflow.workflows.env import EnvWorkflow, EnvWorkflowConfig
 
-__all__ = ["LocalPolicy", "evaluate_episodes"]
+__all__ = ["LocalPolicy", "evaluate_episodes", "play_episodes"]
 
 
 class LocalPolicy(NamedPolicy):
@@ -122,15 +122,16 @@ class LocalPolicy(NamedPolicy):
         )
 
 
-def evaluate_episodes(
+def play_episodes(
     spec: Mapping[str, Any],
     rows: Sequence[Mapping[str, Any]],
     policy: LocalPolicy,
     *,
     temperature: float,
     seed: int,
-) -> dict[str, float]:
-    """Play one episode per row; success rate (``accuracy``), mean return and turns."""
+) -> list[dict[str, float]]:
+    """Play one episode per row; per episode: ``success``, ``return``, ``turns``,
+    ``invalid_actions``."""
     data = {k: v for k, v in spec.items() if k != "type"}
     config = EnvWorkflowConfig.model_validate(data)
     sampling = config.sampling.model_copy(update={"temperature": temperature})
@@ -144,10 +145,24 @@ def evaluate_episodes(
         ]
         return await asyncio.gather(*(workflow(t, {config.policy: policy}, {}) for t in tasks))
 
-    samples = [s for group in asyncio.run(play()) for s in group]
+    samples = [group[0] for group in asyncio.run(play())]
+    keys = ("success", "return", "turns", "invalid_actions")
+    return [{key: float(s.meta[key]) for key in keys} for s in samples]
+
+
+def evaluate_episodes(
+    spec: Mapping[str, Any],
+    rows: Sequence[Mapping[str, Any]],
+    policy: LocalPolicy,
+    *,
+    temperature: float,
+    seed: int,
+) -> dict[str, float]:
+    """Play one episode per row; success rate (``accuracy``), mean return and turns."""
+    played = play_episodes(spec, rows, policy, temperature=temperature, seed=seed)
     return {
-        "accuracy": statistics.fmean(float(s.meta["success"]) for s in samples),
-        "return": statistics.fmean(float(s.meta["return"]) for s in samples),
-        "turns": statistics.fmean(float(s.meta["turns"]) for s in samples),
-        "invalid_actions": statistics.fmean(float(s.meta["invalid_actions"]) for s in samples),
+        "accuracy": statistics.fmean(e["success"] for e in played),
+        "return": statistics.fmean(e["return"] for e in played),
+        "turns": statistics.fmean(e["turns"] for e in played),
+        "invalid_actions": statistics.fmean(e["invalid_actions"] for e in played),
     }

@@ -55,8 +55,12 @@ def check_run(config: RunConfig) -> list[str]:
     for name in sorted(set(workflow_names(config)) - set(config.workflows)):
         _check_spec(WORKFLOW_SPEC, workflow_spec(config, name), f"workflows.{name}", found)
     for i, ev in enumerate(config.eval):
-        if ev.workflow not in workflow_names(config):
-            _check_spec(WORKFLOW_SPEC, PluginSpec(type=ev.workflow), f"eval.{i}.workflow", found)
+        used = [(f"eval.{i}.workflow", ev.workflow)]
+        used += [(f"eval.{i}.sets.{j}.workflow", s.workflow) for j, s in enumerate(ev.sets)
+                 if s.workflow is not None]  # fmt: skip
+        for path, name in used:
+            if name not in workflow_names(config):
+                _check_spec(WORKFLOW_SPEC, PluginSpec(type=name), path, found)
     known = set(config.policies)
     found.problems += [
         f"{path}: policy {policy!r} is not in policies ({', '.join(sorted(known))})"

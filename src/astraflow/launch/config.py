@@ -28,7 +28,7 @@ from astraflow.dataflow.config import (
     SelectorField,
     SourceConfig,
 )
-from astraflow.evaluation.config import EvalSettings
+from astraflow.evaluation.config import EvalSettings, ScoringSettings
 from astraflow.models import ModelSpec
 from astraflow.plugins import GENERATOR_SPEC, TOOL_SPEC, WORKFLOW_SPEC, NamedSpecs, PluginSpec
 from astraflow.raas.config import NodeSettings
@@ -43,6 +43,7 @@ __all__ = [
     "AutoscaleConfig",
     "DataflowSection",
     "EvalSection",
+    "HeldOutSection",
     "PolicySection",
     "PoolSection",
     "RaySection",
@@ -130,8 +131,21 @@ class DataflowSection(ConfigModel):
     """Bearer tokens per role (also from ASTRAFLOW_*_TOKEN)."""
 
 
+class HeldOutSection(ScoringSettings):
+    """One more held-out set of an evaluation (metrics keyed ``<name>/<metric>``)."""
+
+    name: Name
+    """Set name: the prefix of its metrics."""
+    generator: Annotated[PluginSpec, GENERATOR_SPEC]
+    """Task generator of the set."""
+    workflow: Name | None = None
+    """Workflow (in ``workflows``) whose prompt and reward are used (default: the
+    evaluation's)."""
+
+
 class EvalSection(EvalSettings):
-    """Greedy evaluation of each new version of a policy on a held-out task set."""
+    """Evaluation of a policy's versions on held-out sets (greedy accuracy, avg@k, pass@k)
+    while it trains, at milestones, and of the final version."""
 
     policy: Name
     """Policy to evaluate."""
@@ -139,6 +153,8 @@ class EvalSection(EvalSettings):
     """Task generator of the held-out set (e.g. ``{type: add1, split: eval, size: 200}``)."""
     workflow: Name = "rlvr"
     """Workflow (in ``workflows``) whose prompt and reward settings are used."""
+    sets: list[HeldOutSection] = Field(default_factory=list)
+    """More held-out sets scored at the same versions (one evaluator process per policy)."""
 
 
 class AutoscaleConfig(ConfigModel):
@@ -294,6 +310,17 @@ class RunConfig(ConfigModel):
             for ev in self.eval
             if ev.policy not in known
         ]
+        evaluated = [ev.policy for ev in self.eval]
+        problems += [
+            f"eval: policy {p!r} has {evaluated.count(p)} entries; give it one entry and put "
+            "the other held-out sets under its 'sets'"
+            for p in sorted(set(evaluated))
+            if evaluated.count(p) > 1
+        ]
+        for ev in self.eval:
+            sets = [s.name for s in ev.sets]
+            if len(set(sets)) != len(sets):
+                problems.append(f"eval {ev.policy!r}: held-out set names must be unique: {sets}")
         return problems
 
     @property

@@ -11,7 +11,7 @@ Nothing here starts anything: the local and Ray launchers both start components 
       weights/              the weight store
       trainers/<policy>/    metrics.jsonl, checkpoints
       nodes/<node_id>/      node scratch
-      eval/<policy>.jsonl   held-out accuracy per version
+      eval/<policy>.jsonl   held-out figures per evaluated version (accuracy, avg@k, pass@k)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from astraflow.config import dump_config, fields_of, validate
 from astraflow.dataflow.config import DataflowConfig, PolicySettings, RegulationConfig
 from astraflow.errors import ConfigError
-from astraflow.evaluation.config import EvalConfig, EvalSettings
+from astraflow.evaluation.config import EvalConfig, EvalSettings, ScoringSettings
 from astraflow.launch.checks import check_run, raise_problems, workflow_names, workflow_spec
 from astraflow.launch.config import PolicySection, PoolSection, RunConfig, WarmupSection
 from astraflow.models import ModelSpec
@@ -107,6 +107,15 @@ def make_plan(config: RunConfig, *, port: int, base_dir: Path | None = None) -> 
                 "weights": str(weights_root),
                 "generator": ev.generator,
                 "workflow": workflow_spec(config, ev.workflow),
+                "sets": [
+                    {
+                        **fields_of(s, ScoringSettings),
+                        "name": s.name,
+                        "generator": s.generator,
+                        "workflow": workflow_spec(config, s.workflow or ev.workflow),
+                    }
+                    for s in ev.sets
+                ],
                 "out": str(run_dir / "eval" / f"{ev.policy}.jsonl"),
                 "seed": config.seed,
             },
