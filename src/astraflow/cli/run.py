@@ -73,16 +73,20 @@ def _run(args: argparse.Namespace) -> int:
     init_logging(args, "run")
     config, base_dir = _load(args)
     stop = stop_on_signals()  # a second Ctrl-C ends the launcher at once
+    from astraflow.cli.bars import show_progress
     from astraflow.cli.progress import RunView
 
-    with RunView(config) as view:
+    view = RunView(config)
+    with show_progress():  # planning generates warm-up data: a bar, before the live view
         if args.cluster == "ray":
             from astraflow.launch.ray import RayRun
 
-            result = RayRun(config, base_dir=base_dir, on_tick=view.update).run(stop)
+            launcher: Any = RayRun(config, base_dir=base_dir, on_tick=view.update)
         else:
             from astraflow.launch.local import LocalRun
 
-            result = LocalRun(config, base_dir=base_dir, on_tick=view.update).run(stop)
+            launcher = LocalRun(config, base_dir=base_dir, on_tick=view.update)
+    with view:
+        result = launcher.run(stop)
     view.final(result)
     return 0 if result.ok else 1

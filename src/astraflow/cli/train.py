@@ -68,6 +68,7 @@ class _Progress:
 def _train(args: argparse.Namespace) -> int:
     rank = int(os.environ.get("RANK", "0"))
     init_logging(args, "trainer" if rank == 0 else f"trainer[{rank}]")
+    from astraflow.cli.bars import show_progress
     from astraflow.config import load_config
     from astraflow.trainer.config import TrainerConfig
     from astraflow.trainer.loop import Trainer
@@ -81,7 +82,8 @@ def _train(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = {"on_step": progress.update} if rank == 0 else {}
     trainer = Trainer(config, **kwargs)
     try:
-        trainer.start()
+        with show_progress() if rank == 0 else contextlib.nullcontext():
+            trainer.start()  # a fresh run warms up here: a bar on a terminal
         with progress if rank == 0 else contextlib.nullcontext():
             trainer.run(stop)
     finally:

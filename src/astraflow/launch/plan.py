@@ -30,6 +30,7 @@ from astraflow.launch.checks import check_run, raise_problems, workflow_names, w
 from astraflow.launch.config import PolicySection, PoolSection, RunConfig, WarmupSection
 from astraflow.models import ModelSpec
 from astraflow.plugins import PluginSpec
+from astraflow.progress import track
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.config import PolicyConfig as RolloutConfig
 from astraflow.trainer.config import TrainerConfig, WarmupSettings
@@ -290,13 +291,16 @@ def _write_pairs(spec: PluginSpec | None, path: Path) -> None:
     rows = GENERATORS.build(spec).rows()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    with tmp.open("w") as f:
+    size = spec.kwargs.get("size")
+    total = size if isinstance(size, int) else None  # per-episode generators make more rows
+    with tmp.open("w") as f, track(f"warm-up data ({spec.type})", total=total) as bar:
         for row in rows:
             if "prompt" not in row or "completion" not in row:
                 raise ConfigError(
                     f"warmup generator {spec.type!r} rows need 'prompt' and 'completion'"
                 )
             f.write(json.dumps({"prompt": row["prompt"], "completion": row["completion"]}) + "\n")
+            bar.advance()
     tmp.replace(path)
 
 

@@ -37,11 +37,12 @@ def write_plots(run_dir: Path) -> list[Path]:
         ax1.plot(xs, _smooth(ys), label=f"{policy} (sampled, smoothed)")
     ax1.set(xlabel="seconds since RL start", ylabel="mean reward", title="training reward")
     for policy, recs in evals.items():
-        xs = [r["created_at"] - t0 for r in recs if r.get("created_at")]
-        ys = [r["accuracy"] for r in recs if r.get("created_at")]
-        ax2.plot(xs, ys, marker=".", label=f"{policy} (greedy, held-out)")
-    ax2.set(xlabel="seconds since RL start (version published)", ylabel="accuracy",
-            title="held-out accuracy", ylim=(0, 1.02))  # fmt: skip
+        for key, label in _eval_series(recs).items():
+            rows = [r for r in recs if r.get("created_at") and r.get(key) is not None]
+            xs = [r["created_at"] - t0 for r in rows]
+            ax2.plot(xs, [r[key] for r in rows], marker=".", label=f"{policy} {label}")
+    ax2.set(xlabel="seconds since RL start (version published)", ylabel="accuracy / avg@k / pass@k",
+            title="held-out evaluation", ylim=(0, 1.02))  # fmt: skip
     reward_png = _save(plt, fig, run_dir / "reward.png")
 
     reports = JsonlTail(run_dir / "report.jsonl").read()
@@ -104,6 +105,28 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _eval_series(recs: list[dict[str, Any]]) -> dict[str, str]:
+    """Record keys to plot, with their labels: per held-out set (``<set>/`` prefix) greedy
+    accuracy, avg@k and the largest pass@k."""
+    keys = {k for r in recs for k in r}
+    out: dict[str, str] = {}
+    for prefix in sorted({k.rsplit("/", 1)[0] + "/" if "/" in k else "" for k in keys}):
+        names = {k.removeprefix(prefix) for k in keys if k.startswith(prefix)}
+        names = {n for n in names if "/" not in n}
+        where = f" {prefix.rstrip('/')}" if prefix else ""
+        if "accuracy" in names:
+            out[f"{prefix}accuracy"] = f"greedy{where}"
+        for metric in ("avg@", "pass@"):
+            ks = [
+                int(n[len(metric) :])
+                for n in names
+                if n.startswith(metric) and n[len(metric) :].isdigit()
+            ]
+            if ks:
+                out[f"{prefix}{metric}{max(ks)}"] = f"{metric}{max(ks)}{where}"
+    return out
 
 
 def _smooth(ys: list[float], window: int = 20) -> list[float]:

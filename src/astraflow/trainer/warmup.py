@@ -19,6 +19,7 @@ from torch import nn
 
 from astraflow.config import read_jsonl
 from astraflow.errors import ConfigError
+from astraflow.progress import track
 from astraflow.records import Sample
 from astraflow.trainer.backends.base import TrainBackend
 from astraflow.trainer.batching import Packing
@@ -115,10 +116,12 @@ def sft_warmup(
     update = PolicyUpdate(backend, model, optimizer, LossConfig(type="sft"), packing)
     rng = random.Random(seed)
     history = []
-    for step in range(steps):
-        stats = update.run(rng.choices(samples, k=batch_size))
-        history.append(stats["loss"])
-        if step % 50 == 0 or step == steps - 1:
-            log.info("warmup step=%d loss=%.4f", step, stats["loss"])
+    with track("warm-up (SFT)", total=steps) as bar:
+        for step in range(steps):
+            stats = update.run(rng.choices(samples, k=batch_size))
+            history.append(stats["loss"])
+            bar.advance()
+            if step % 50 == 0 or step == steps - 1:
+                log.info("warmup step=%d loss=%.4f", step, stats["loss"])
     model.eval()
     return history
