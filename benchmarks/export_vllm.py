@@ -30,7 +30,7 @@ from astraflow.weights import WeightStore
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ("3+4=7", "9+9=18", "1+0=1", "12+=")
-TOLERANCE = {"float32": 1e-4, "bfloat16": 0.1}
+TOLERANCE = {"float32": 1e-4, "bfloat16": 0.05}  # bf16: 2^-8 relative on logits up to ~10
 
 
 def publish_quickstart(root: Path, dtype: torch.dtype) -> Path:
