@@ -5,7 +5,7 @@ is the same system, only shorter:
 
     every trained policy ── trainer.max_steps = 3, batches of at least 16 samples,
                             warm-up at most 20 steps
-    every evaluation ────── held-out set of at most 20 rows (where the generator has a size)
+    every evaluation ────── held-out sets of at most 20 rows (where the generator has a size)
     the run ─────────────── ends when every trainer is done (or after 15 minutes at most)
 """
 
@@ -41,6 +41,8 @@ def smoke_config(config: RunConfig) -> RunConfig:
     for ev in data.get("eval", []):
         generator: dict[str, Any] = ev["generator"]
         _shrink(generator)
+        for held in ev.get("sets", []):
+            _shrink(held["generator"])
     limit = config.max_time_s
     data["max_time_s"] = _MAX_TIME_S if limit is None else min(limit, _MAX_TIME_S)
     return RunConfig.model_validate(data)
