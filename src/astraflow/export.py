@@ -19,6 +19,8 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,9 +120,23 @@ def _save(assets: Path, tensors: dict[str, Any], folder: Path, what: str) -> str
     model.eval()
     if (assets / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(assets)
-    model.save_pretrained(folder, safe_serialization=True)
+    with _quiet_transformers():  # our own bar reports the export; no tqdm lines in logs
+        model.save_pretrained(folder, safe_serialization=True)
     AutoTokenizer.from_pretrained(assets).save_pretrained(folder)
     return str(dtype).removeprefix("torch.")
+
+
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _write_card(folder: Path, policy: str, version: int, created_at: float, dtype: str) -> None:
@@ -141,7 +157,6 @@ def push_to_hub(folder: str | Path, repo: str, *, private: bool = True) -> str:
     Needs the network and a token (``HF_TOKEN`` or ``huggingface-cli login``); raises
     ``TransferError`` naming the repo when the Hub cannot be reached or refuses."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
 
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         raise TransferError(f"cannot push to {repo!r}: HF_HUB_OFFLINE is set")
@@ -149,6 +164,8 @@ def push_to_hub(folder: str | Path, repo: str, *, private: bool = True) -> str:
     try:
         api.create_repo(repo, private=private, exist_ok=True)
         commit = api.upload_folder(repo_id=repo, folder_path=str(folder))
-    except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise TransferError(f"cannot push to the Hugging Face Hub repo {repo!r}: {exc}") from exc
+    except Exception as exc:  # the hub client raises its HTTP library's errors and its own
+        raise TransferError(
+            f"cannot push to the Hugging Face Hub repo {repo!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     return str(getattr(commit, "commit_url", f"https://huggingface.co/{repo}"))

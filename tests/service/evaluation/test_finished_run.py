@@ -34,6 +34,14 @@ def finished(tmp_path_factory: pytest.TempPathFactory) -> Finished:
     return Finished(tmp_path_factory.mktemp("finished"))
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads() -> Any:
+    """The evaluator sets its process's torch threads (its config's ``threads``): restore."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -173,3 +181,17 @@ def test_bad_input_names_the_problem_and_writes_nothing(
     assert code == 2 and problem.format(**paths) in err, err
     assert (eval_file.read_bytes() if eval_file.exists() else b"") == before
     assert not (tmp_path / "out").exists()
+
+
+def test_push_to_hub_without_the_network_names_the_repo(
+    finished: Finished,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "hf"
+    code = main(["export", "--run-dir", str(finished.dir), "--out", str(out),
+                 "--push-to-hub", "someone/tiny"])  # fmt: skip
+    assert code == 2 and "cannot push to 'someone/tiny'" in capsys.readouterr().err
+    assert (out / "model.safetensors").is_file(), "the export itself is kept"
