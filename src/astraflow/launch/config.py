@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from astraflow.config import ConfigModel
 from astraflow.dataflow.config import (
     AuthConfig,
+    DashboardConfig,
     FilterList,
     LeaseConfig,
     PolicySettings,
@@ -128,6 +129,8 @@ class DataflowSection(ConfigModel):
     """Report window and dead-band pool target."""
     auth: AuthConfig = Field(default_factory=AuthConfig)
     """Bearer tokens per role (also from ASTRAFLOW_*_TOKEN)."""
+    dashboard: DashboardConfig = Field(default_factory=DashboardConfig)
+    """The live dashboard at ``/dashboard`` (``astraflow run`` prints its URL)."""
 
 
 class EvalSection(EvalSettings):
