@@ -76,13 +76,16 @@ def _run(args: argparse.Namespace) -> int:
     from astraflow.cli.progress import RunView
 
     with RunView(config) as view:
+        launcher: Any
         if args.cluster == "ray":
             from astraflow.launch.ray import RayRun
 
-            result = RayRun(config, base_dir=base_dir, on_tick=view.update).run(stop)
+            launcher = RayRun(config, base_dir=base_dir, on_tick=view.update)
         else:
             from astraflow.launch.local import LocalRun
 
-            result = LocalRun(config, base_dir=base_dir, on_tick=view.update).run(stop)
+            launcher = LocalRun(config, base_dir=base_dir, on_tick=view.update)
+        view.dashboard(launcher.dashboard_link())
+        result = launcher.run(stop)
     view.final(result)
     return 0 if result.ok else 1

@@ -30,6 +30,7 @@ from astraflow.dataflow.config import (
     SourceConfig,
 )
 from astraflow.evaluation.config import EvalSettings
+from astraflow.launch.trackers import LoggingSection
 from astraflow.models import ModelSpec
 from astraflow.plugins import GENERATOR_SPEC, TOOL_SPEC, WORKFLOW_SPEC, NamedSpecs, PluginSpec
 from astraflow.raas.config import NodeSettings
@@ -262,6 +263,8 @@ class RunConfig(ConfigModel):
     """Stop the run after this long (None: when every trainer reaches max_steps)."""
     ray: RaySection = Field(default_factory=RaySection)
     """Ray cluster and per-component resources (``astraflow run --cluster ray`` only)."""
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    """Experiment trackers (TensorBoard, Weights & Biases, MLflow) every figure goes to."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
