@@ -26,6 +26,9 @@ const CHARTS = [
     match: [/^node\/([^/]+)\/refresh_s\/(.+)$/] },
 ];
 
+// Evaluation figures that are not scores (counts, timings) stay off the held-out chart.
+const NOT_SCORES = /^(n|turns|invalid_actions|tokens|.*_s)$/;
+
 const state = { seq: 0, t: [], f: {}, points: [], report: null };
 const charts = {};
 
@@ -59,6 +62,7 @@ function seriesOf(chart) {
     for (const p of state.points) {
       if (p.source !== chart.points) continue;
       for (const [name, value] of Object.entries(p.values)) {
+        if (NOT_SCORES.test(name)) continue;
         const label = `${p.policy} ${name}`;
         const s = (bySeries[label] ||= { label, x: [], y: [] });
         s.x.push(p.time);
@@ -215,7 +219,9 @@ window.astraflowDashboard = {
     series: c.plot.series.length - 1,
     points: c.plot.data[0].length,
     values: c.plot.data.slice(1).reduce((n, ys) => n + ys.filter((y) => y !== null).length, 0),
+    last: Math.max(...c.plot.data.slice(1).map((ys) => ys.findLast((y) => y !== null) ?? -Infinity)),
   }])),
+  staleness: () => document.querySelectorAll("#staleness .bar").length,
 };
 
 poll();
