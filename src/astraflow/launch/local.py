@@ -262,10 +262,10 @@ class Launcher:
         reason = "failed"
         status: RunStatus | None = None
         try:
-            self._check_resume()
+            resuming = self._check_resume()
             self.plan.write()
             self.start_dataflow()
-            self.feed = self._feed()
+            self.feed = RunFeed.for_run(self.config, self.plan.run_dir, self.client, resuming)
             if self._serve_weights():
                 self.start_weight_server()
             for policy in self.plan.trainers:
@@ -273,6 +273,9 @@ class Launcher:
             self.pools.start()
             self.start_evals()
             reason, status = self._supervise(stop)
+        except BaseException:
+            self._close_feed()
+            raise
         finally:
             self.shutdown()
         if status is not None:
@@ -281,8 +284,7 @@ class Launcher:
                 {name: self.pools.count(name) for name in self.pools.pools}, {}
             )
             self._write_summary(reason, status)
-        if self.feed is not None:
-            self.feed.close()
+        self._close_feed()
         self.client.close()
         return RunResult(
             reason, self.plan.run_dir, time.monotonic() - self.started, status, self.failures
@@ -318,15 +320,10 @@ class Launcher:
         finally:
             report_log.close()
 
-    def _feed(self) -> RunFeed:
-        """Trackers and the dashboard's eval points; the configs are the run's parameters."""
-        given = self.config.model_dump(mode="json", exclude_unset=True)
-        resolved = self.config.model_dump(mode="json")
-        client = self.client if self.config.dataflow.dashboard.enabled else None
-        return RunFeed(
-            self.plan.run_dir, self.config.logging, list(self.config.policies),
-            (given, resolved), client,
-        )  # fmt: skip
+    def _close_feed(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+            self.feed = None
 
     def _trainers_done(self) -> bool:
         trainers = self.group.of_kind("trainer")
@@ -342,10 +339,11 @@ class Launcher:
         self.group.stop(self.group.of_kind("dataflow"), timeout_s=15)
         self.group.kill_all()
 
-    def _check_resume(self) -> None:
+    def _check_resume(self) -> bool:
+        """Whether this run resumes one (logs what changed since its last start)."""
         previous = self.plan.run_dir / "run.json"
         if not previous.exists():
-            return
+            return False
         old = json.loads(previous.read_text())
         new = json.loads(self.config.model_dump_json())
         changed = sorted(k for k in new.keys() | old.keys() if old.get(k) != new.get(k))
@@ -353,6 +351,7 @@ class Launcher:
             "resuming run in %s%s", self.plan.run_dir,
             f" (changed since last start: {', '.join(changed)})" if changed else "",
         )  # fmt: skip
+        return True
 
     def _write_summary(self, reason: str, status: RunStatus) -> None:
         from astraflow.launch.plots import write_plots

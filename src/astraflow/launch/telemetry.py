@@ -19,7 +19,8 @@ import logging
 import math
 import re
 import time
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from astraflow.dataflow.client import DataflowClient
 from astraflow.dataflow.history import report_figures
@@ -27,6 +28,9 @@ from astraflow.errors import AstraflowError
 from astraflow.launch.status import JsonlTail
 from astraflow.launch.trackers import LoggingSection, Tracker, build_trackers
 from astraflow.records import MAX_POINT_VALUES, NAME_PATTERN, DataflowReport, MetricPoint
+
+if TYPE_CHECKING:
+    from astraflow.launch.config import RunConfig
 
 __all__ = ["RunFeed", "numeric_figures"]
 
@@ -54,7 +58,7 @@ class RunFeed:
     """Reads the run's metric files each tick and fans them out."""
 
     def __init__(
-        self, run_dir: Any, settings: LoggingSection, policies: list[str],
+        self, run_dir: Path, settings: LoggingSection, policies: list[str],
         params: tuple[dict[str, Any], dict[str, Any]], client: DataflowClient | None,
     ) -> None:  # fmt: skip
         self.settings = settings
@@ -66,6 +70,23 @@ class RunFeed:
         self._last_report = -math.inf
         self._post_failed = False
         self._each("params", *params)
+
+    @classmethod
+    def for_run(
+        cls, config: RunConfig, run_dir: Path, client: DataflowClient, resuming: bool
+    ) -> RunFeed:
+        """The feed of a launched run: its configs are the trackers' parameters, eval points go
+        to its dashboard; a resumed run forwards only what is written from now on."""
+        given = config.model_dump(mode="json", exclude_unset=True)
+        resolved = config.model_dump(mode="json")
+        feed = cls(
+            run_dir, config.logging, list(config.policies), (given, resolved),
+            client if config.dataflow.dashboard.enabled else None,
+        )  # fmt: skip
+        if resuming:
+            for tail in [*feed._metrics.values(), *feed._evals.values()]:
+                tail.skip()
+        return feed
 
     def _each(self, method: str, *args: Any) -> None:
         for tracker in list(self.trackers):
