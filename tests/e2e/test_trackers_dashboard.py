@@ -20,7 +20,7 @@ from fixtures.trackers import tensorboard_scalars, wandb_history
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-STEPS = 40
+STEPS = 25
 TOKENS = {"node": "node-tok-71", "trainer": "trainer-tok-72", "admin": "admin-tok-73",
           "read": "read-tok-74"}  # fmt: skip
 #: Figures every tracker must hold: trainer, eval and dataflow-report ones.
@@ -55,8 +55,8 @@ def live_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
         run_dir,
         *(f"dataflow.auth.{role}={token}" for role, token in TOKENS.items()),
         "logging.tensorboard=true", "logging.wandb=true", "logging.mlflow=true",
-        "logging.report_every_s=1", "policies.policy.warmup.steps=20",
-        "eval.0.generator.size=40", "eval.0.every_s=2", "dataflow.dashboard.sample_s=0.5",
+        "logging.report_every_s=1", "policies.policy.warmup.steps=10",
+        "eval.0.generator.size=20", "eval.0.every_s=2", "dataflow.dashboard.sample_s=0.5",
         steps=STEPS,
     )  # fmt: skip
     launcher = LocalRun(config)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from astraflow.dataflow.metrics import metrics_text
 from astraflow.dataflow.service import DataflowService
 from astraflow.errors import ConflictError, LeaseLostError, NotFoundError, ValidationError
 from astraflow.records import (
@@ -514,3 +515,6 @@ def test_report_carries_recent_reward_and_served_staleness(tmp_path: Path, clock
     assert batch is not None and len(batch.samples) == 4
     # trainer at version 1: the version-0 group is 1 behind, the version-1 group is fresh
     assert svc.report().policies["solver"].served_staleness == [2, 2]
+    gauges = metrics_text(svc.report()).decode()  # the Prometheus gauges from the same snapshot
+    assert 'astraflow_dataflow_policy_reward_mean{policy="solver"} 0.75' in gauges
+    assert 'by_staleness{policy="solver",staleness="1"} 2.0' in gauges
