@@ -44,9 +44,9 @@ def report_figures(report: DataflowReport) -> dict[str, float]:
             out[f"{key}/version"] = p.latest_version
         if p.reward_mean is not None:
             out[f"{key}/reward_mean"] = p.reward_mean
-        if sum(p.served_staleness):
-            bins = p.served_staleness
+        if sum(bins := p.served_staleness):
             out[f"{key}/staleness_mean"] = sum(i * n for i, n in enumerate(bins)) / sum(bins)
+            out |= {f"{key}/served_staleness/{i}": n for i, n in enumerate(bins)}
         out |= {f"{key}/metrics/{m}": v for m, v in p.sample_metrics.items()}
     for name, pool in report.pools.items():
         out |= {f"pool/{name}/{f}": float(getattr(pool, f)) for f in _POOL_FIELDS}

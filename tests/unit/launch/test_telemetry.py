@@ -54,6 +54,7 @@ def test_report_figures_flatten_the_report() -> None:
     assert figures["policy/solver/version"] == 7
     assert figures["policy/solver/reward_mean"] == 0.5
     assert figures["policy/solver/staleness_mean"] == pytest.approx(4 / 16)
+    assert figures["policy/solver/served_staleness/1"] == 4
     assert figures["node/n1/refresh_s/solver"] == 0.25
     assert figures["tasks/pending"] == 3
 
