@@ -35,5 +35,17 @@ if [[ $FAST == 1 ]]; then
     -m "not e2e and not slow and not vllm and not ray" "$@"
   exit 0
 fi
+# the dashboard's browser test drives Debian's chromium: install it where this machine lets us
+if ! command -v chromium >/dev/null 2>&1; then
+  SUDO=()
+  [[ $(id -u) == 0 ]] || SUDO=(sudo -n)
+  if command -v apt-get >/dev/null 2>&1 && { "${SUDO[@]}" apt-get install -y -q chromium \
+      || { "${SUDO[@]}" apt-get update -q && "${SUDO[@]}" apt-get install -y -q chromium; }; } \
+      >/dev/null 2>&1; then
+    echo "== installed chromium (the dashboard's browser test)"
+  else
+    echo "== chromium could not be installed here: the dashboard's browser test will be skipped"
+  fi
+fi
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"; .venv/bin/pytest --durations=30 "$@"

@@ -96,6 +96,11 @@ def test_the_core_install_serves_a_dataflow(core_venv: Path, tmp_path: Path) -> 
             json={"node_id": "n1", "capacity": 2, "workflows": ["rlvr"], "versions": {}},
             timeout=10,
         )
+        # the dashboard's page and charting library ship in the wheel (package data)
+        page = httpx.get(f"{url}/dashboard", timeout=10)
+        charts = httpx.get(f"{url}/dashboard/static/uPlot.iife.min.js", timeout=10)
+    assert page.status_code == 200 and "dashboard.js" in page.text
+    assert charts.status_code == 200 and len(charts.content) > 10_000
     assert "policies" in report
     assert lease.status_code == 200, lease.text
     assert len(lease.json()["tasks"]) == 2  # real tasks from the JSONL source

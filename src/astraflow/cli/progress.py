@@ -42,6 +42,22 @@ class RunView:
         if self.live is not None:
             self.live.stop()
 
+    def dashboard(self, link: tuple[str, str | None] | None) -> None:
+        """Print the live dashboard's address. The token rides in the link on a terminal only
+        (the page trades it for a cookie at once); logs get the bare address."""
+        if link is None:
+            return
+        url, token = link
+        if token is None:
+            self.console.print(f"dashboard: {url}", highlight=False)
+        elif self.console.is_terminal:
+            self.console.print(f"dashboard: {url}?token={token}", highlight=False)
+        else:
+            self.console.print(
+                f"dashboard: {url} (the page asks for a token: any of the run's, e.g. "
+                "$ASTRAFLOW_READ_TOKEN)", highlight=False,
+            )  # fmt: skip
+
     def update(self, status: RunStatus) -> None:
         """Show a new snapshot."""
         if self.live is not None:

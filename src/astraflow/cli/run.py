@@ -78,15 +78,17 @@ def _run(args: argparse.Namespace) -> int:
 
     view = RunView(config)
     with show_progress():  # planning generates warm-up data: a bar, before the live view
+        launcher: Any
         if args.cluster == "ray":
             from astraflow.launch.ray import RayRun
 
-            launcher: Any = RayRun(config, base_dir=base_dir, on_tick=view.update)
+            launcher = RayRun(config, base_dir=base_dir, on_tick=view.update)
         else:
             from astraflow.launch.local import LocalRun
 
             launcher = LocalRun(config, base_dir=base_dir, on_tick=view.update)
     with view:
+        view.dashboard(launcher.dashboard_link())
         result = launcher.run(stop)
     view.final(result)
     return 0 if result.ok else 1

@@ -12,6 +12,8 @@ publishes. No rule lives here: see ``service.py``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -28,6 +30,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from astraflow.dataflow.dashboard import DashboardRoutes
+from astraflow.dataflow.history import FigureHistory
 from astraflow.dataflow.intake import BodyIntake
 from astraflow.dataflow.metrics import metrics_text
 from astraflow.dataflow.openapi import ENDPOINTS, openapi_document
@@ -50,8 +54,10 @@ from astraflow.records import (
     JSON_MEDIA_TYPE,
     MSGPACK_MEDIA_TYPE,
     AckRequest,
+    DataflowReport,
     FailRequest,
     LeaseRequest,
+    MetricPoints,
     PolicyVersion,
     PoolSizeRequest,
     ReleaseRequest,
@@ -115,6 +121,10 @@ class _Auth:
     def __init__(self, tokens: dict[Role, str]) -> None:
         self.tokens = {r: t.encode() for r, t in tokens.items()}
 
+    def roles(self, token: str) -> list[Role]:
+        """The roles ``token`` opens (none for an unknown token)."""
+        return [r for r, t in self.tokens.items() if hmac.compare_digest(t, token.encode())]
+
     def check(self, request: Request, role: Role | None) -> None:
         """Raise 401 / 403 unless the request's token opens ``role`` (None: any role)."""
         if not self.tokens:
@@ -122,7 +132,7 @@ class _Auth:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise AuthError(f"{request.url.path} needs an 'Authorization: Bearer <token>' header")
-        held = [r for r, t in self.tokens.items() if hmac.compare_digest(t, token.encode())]
+        held = self.roles(token)
         if not held:
             raise AuthError("the bearer token is not valid for this service")
         if role is None or role in held or "admin" in held:
@@ -148,6 +158,11 @@ class _Routes:
             limits.busy_wait_s,
             limits.busy_retry_after_s,
         )
+        self.history = FigureHistory(service.config.dashboard.history)
+        self.dashboard = DashboardRoutes(
+            service.config.dashboard, self.history, lambda t: bool(self.auth.roles(t)),
+            open_=not self.auth.tokens,
+        )  # fmt: skip
 
     def endpoint(
         self, role: Role | None, fn: Callable[[Request], Awaitable[Any]], *, public: bool = False
@@ -231,6 +246,12 @@ class _Routes:
         text = metrics_text(await self.runtime.call(self.service.report))
         return Response(text, media_type="text/plain; version=0.0.4")
 
+    async def post_metrics(self, request: Request) -> dict[str, Any]:
+        """Remember metric points for the dashboard (memory only, no service state)."""
+        async with self.intake.record(MetricPoints, request) as req:
+            self.history.add_points(req.points)
+        return {"accepted": len(req.points)}
+
     async def openapi(self, request: Request) -> Any:
         """The OpenAPI document of the ``/v1`` API."""
         return self.document
@@ -245,6 +266,7 @@ class _Routes:
             "announce": call(PolicyVersion, s.announce), "versions": self.versions,
             "report": self.report, "pool_sizes": self.pool_sizes,
             "set_pool_size": call(PoolSizeRequest, s.set_pool_size), "metrics": self.metrics,
+            "post_metrics": self.post_metrics,
         }  # fmt: skip
 
     def routes(self) -> list[Route]:
@@ -257,7 +279,13 @@ class _Routes:
         ]  # fmt: skip
         routes.append(Route("/openapi.json", self.endpoint(None, self.openapi, public=True),
                             methods=["GET"]))  # fmt: skip
+        if self.service.config.dashboard.enabled:
+            routes += self.dashboard.routes()
         return routes
+
+    async def report_snapshot(self) -> DataflowReport:
+        """The report, built on the writer thread (the dashboard's sampler)."""
+        return await self.runtime.call(self.service.report)
 
 
 def _allowed(routes: list[Route], path: str) -> list[str]:
@@ -292,9 +320,16 @@ def create_app(service: DataflowService, *, owns_service: bool = False) -> Starl
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await handlers.runtime.start()
+        sampler = None
+        if service.config.dashboard.enabled:
+            sampler = asyncio.create_task(handlers.dashboard.sample(handlers.report_snapshot))
         try:
             yield
         finally:
+            if sampler is not None:
+                sampler.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sampler
             await handlers.runtime.stop()
             if owns_service:
                 service.close()

@@ -26,7 +26,13 @@ from astraflow.dataflow.config import PolicyConfig
 from astraflow.dataflow.regulation import group_behaviour_version, staleness
 from astraflow.dataflow.store import BatchRow, GroupRow, Store
 from astraflow.errors import NotFoundError, PluginError, ValidationError
-from astraflow.records import PolicyReport, PolicyVersion, Sample, SubmitRequest
+from astraflow.records import (
+    STALENESS_BINS,
+    PolicyReport,
+    PolicyVersion,
+    Sample,
+    SubmitRequest,
+)
 
 __all__ = ["Buffers", "encode_batch", "validate_samples"]
 
@@ -102,6 +108,11 @@ class Buffers:
         self.recent: dict[str, deque[dict[str, float]]] = {
             p: deque(maxlen=SAMPLE_METRICS_WINDOW) for p in policies
         }
+        self.rewards: dict[str, deque[float]] = {
+            p: deque(maxlen=SAMPLE_METRICS_WINDOW) for p in policies
+        }
+        self.served_staleness: dict[str, list[int]] = {p: [] for p in policies}
+        """Samples served per staleness since start (memory only: a report figure)."""
         self.load()
 
     def load(self) -> None:
@@ -151,6 +162,7 @@ class Buffers:
     def report(self, policy: str, latest: PolicyVersion | None, in_flight: int) -> PolicyReport:
         """The policy's part of the report."""
         buffered, groups, served = self.samples(policy)
+        rewards = list(self.rewards.get(policy, ()))
         return PolicyReport(
             policy=policy,
             latest_version=None if latest is None else latest.version,
@@ -163,6 +175,8 @@ class Buffers:
             filtered_samples=self.counters["filtered"][policy],
             acked_samples=self.counters["acked"][policy],
             sample_metrics=self._metric_means(policy),
+            reward_mean=_mean_std(rewards)[0] if rewards else None,
+            served_staleness=list(self.served_staleness[policy]),
         )
 
     def _metric_means(self, policy: str) -> dict[str, float]:
@@ -176,6 +190,9 @@ class Buffers:
 
     def _remember(self, policy: str, samples: Sequence[Sample]) -> None:
         """Keep the numeric ``meta['metrics']`` of ingested samples (memory only: a report)."""
+        self.rewards.setdefault(policy, deque(maxlen=SAMPLE_METRICS_WINDOW)).extend(
+            s.reward for s in samples
+        )
         window = self.recent.setdefault(policy, deque(maxlen=SAMPLE_METRICS_WINDOW))
         for s in samples:
             figures = s.meta.get("metrics")
@@ -307,12 +324,20 @@ class Buffers:
         for g in chosen_fresh:
             self._set_state(g, "served")
             g.batch_id = row.batch_id
+        self._count_staleness(q, chosen_fresh + chosen_replay)
         self.batches[row.batch_id] = row
         blobs = self.store.read_blobs(row.fresh + row.replay)
         data = encode_batch(
             row, [blobs[g] for g in row.fresh + row.replay], total, cfg.ack_timeout_s
         )
         return row, data, total
+
+    def _count_staleness(self, q: BatchQuery, groups: Sequence[GroupRow]) -> None:
+        bins = self.served_staleness.setdefault(q.policy, [])
+        for g in groups:
+            k = min(max(0, staleness(g.behaviour_version, q.trainer_version)), STALENESS_BINS - 1)
+            bins.extend([0] * (k + 1 - len(bins)))
+            bins[k] += g.num_samples
 
     def _fit(
         self, q: BatchQuery, keys: Sequence[int]

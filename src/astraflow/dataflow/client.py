@@ -36,6 +36,8 @@ from astraflow.records import (
     FailRequest,
     LeaseReply,
     LeaseRequest,
+    MetricPoint,
+    MetricPoints,
     PolicyVersion,
     PoolSize,
     PoolSizeRequest,
@@ -168,6 +170,7 @@ VERSIONS = Endpoint("GET", "/v1/versions", _versions)
 REPORT = Endpoint("GET", "/v1/report", _reply(DataflowReport))
 POOL_SIZES = Endpoint("GET", "/v1/admin/pools", _reply(PoolSizes))
 SET_POOL_SIZE = Endpoint("POST", "/v1/admin/pools", _reply(PoolSize))
+POST_METRICS = Endpoint("POST", "/v1/admin/metrics", _dict)
 
 
 class _Base:
@@ -312,6 +315,10 @@ class DataflowClient(_Base):
         req = _pool_request(pool, nodes, delta)
         return self._call(SET_POOL_SIZE(req, once=delta is not None))
 
+    def post_metrics(self, points: list[MetricPoint]) -> None:
+        """Admin: metric points for the dashboard (held-out accuracy per version ...)."""
+        self._call(POST_METRICS(MetricPoints(points=points)))
+
     def close(self) -> None:
         """Close the connection pool."""
         self._http.close()
@@ -404,6 +411,10 @@ class AsyncDataflowClient(_Base):
         """Admin: set a pool's desired node count (``nodes``) or change it by ``delta``."""
         req = _pool_request(pool, nodes, delta)
         return await self._call(SET_POOL_SIZE(req, once=delta is not None))
+
+    async def post_metrics(self, points: list[MetricPoint]) -> None:
+        """Admin: metric points for the dashboard (held-out accuracy per version ...)."""
+        await self._call(POST_METRICS(MetricPoints(points=points)))
 
     async def close(self) -> None:
         """Close the connection pool."""

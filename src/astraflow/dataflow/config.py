@@ -162,10 +162,24 @@ class ReportConfig(ConfigModel):
         return self
 
 
+class DashboardConfig(ConfigModel):
+    """The live dashboard at ``/dashboard`` (same tokens as the API; a read token is enough)."""
+
+    enabled: bool = True
+    """Serve the dashboard and keep its history of report snapshots."""
+    sample_s: float = Field(default=1.0, ge=0.1, le=60)
+    """Seconds between two report snapshots of the history."""
+    history: int = Field(default=3600, ge=10, le=100_000)
+    """Report snapshots (and, apart, posted metric points) kept in memory."""
+    session_ttl_s: float = Field(default=43_200.0, gt=0)
+    """How long a browser session (a cookie given for a valid token) lasts."""
+
+
 ENV_TOKENS: dict[Role, str] = {
     "node": "ASTRAFLOW_NODE_TOKEN",
     "trainer": "ASTRAFLOW_TRAINER_TOKEN",
     "admin": "ASTRAFLOW_ADMIN_TOKEN",
+    "read": "ASTRAFLOW_READ_TOKEN",
 }
 
 
@@ -179,6 +193,9 @@ class AuthConfig(ConfigModel):
     """Token of trainers (default: env ASTRAFLOW_TRAINER_TOKEN)."""
     admin: SecretStr | None = None
     """Token that may call everything (default: env ASTRAFLOW_ADMIN_TOKEN)."""
+    read: SecretStr | None = None
+    """Read-only token: the report, versions, metrics and the dashboard (default: env
+    ASTRAFLOW_READ_TOKEN)."""
 
     def tokens(self) -> dict[Role, str]:
         """Configured tokens per role, falling back to the environment."""
@@ -242,6 +259,8 @@ class DataflowConfig(ConfigModel):
     """Bearer tokens per role."""
     limits: LimitsConfig = LimitsConfig()
     """Request limits."""
+    dashboard: DashboardConfig = DashboardConfig()
+    """The live dashboard at ``/dashboard``."""
 
     @field_validator("selector", "sampler", mode="before")
     @classmethod

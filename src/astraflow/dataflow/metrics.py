@@ -49,10 +49,21 @@ class _ReportCollector(Collector):
         figures = family(
             "policy_sample_metric", "Mean of a workflow's per-sample figure", ["policy", "name"]
         )
+        reward = family("policy_reward_mean", "Mean reward of the last samples ingested",
+                        ["policy"])  # fmt: skip
+        served = family("policy_served_samples_by_staleness",
+                        "Samples served since start, by versions behind the trainer",
+                        ["policy", "staleness"])  # fmt: skip
         for policy, report in r.policies.items():
             for name, value in report.sample_metrics.items():
                 figures.add_metric([policy, name], value)
+            if report.reward_mean is not None:
+                reward.add_metric([policy], report.reward_mean)
+            for staleness, n in enumerate(report.served_staleness):
+                served.add_metric([policy, str(staleness)], n)
         yield figures
+        yield reward
+        yield served
         target = family("target_nodes", "Rollout nodes the dead-band rule asks for", [])
         target.add_metric([], r.target.target_nodes)
         yield target

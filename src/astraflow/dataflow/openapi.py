@@ -27,6 +27,7 @@ from astraflow.records import (
     FailRequest,
     LeaseReply,
     LeaseRequest,
+    MetricPoints,
     PolicyVersion,
     PoolSize,
     PoolSizeRequest,
@@ -86,6 +87,8 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
     Endpoint("set_pool_size", "POST", "/v1/admin/pools", "admin", PoolSizeRequest, PoolSize,
              "Set a pool's desired node count"),
     Endpoint("metrics", "GET", "/metrics", None, None, "text", "The report as Prometheus text"),
+    Endpoint("post_metrics", "POST", "/v1/admin/metrics", "admin", MetricPoints, "object",
+             "Metric points the dashboard plots beside the report (held-out accuracy ...)"),
 )  # fmt: skip
 
 _ERROR: Final[dict[str, Any]] = {

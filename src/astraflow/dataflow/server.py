@@ -53,8 +53,9 @@ def serve(config: DataflowConfig, stop: threading.Event | None = None) -> None:
     config.run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, config.run_dir / "dataflow.config.json")
     app = build_app(config)
-    log.info("dataflow serving url=http://%s:%d run_dir=%s", config.host, config.port,
-             config.run_dir)  # fmt: skip
+    page = " dashboard=/dashboard" if config.dashboard.enabled else ""
+    log.info("dataflow serving url=http://%s:%d run_dir=%s%s", config.host, config.port,
+             config.run_dir, page)  # fmt: skip
     server = uvicorn.Server(_uvicorn_config(app, config.host, config.port))
     if stop is None:
         server.run()

@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from astraflow.config import ConfigModel
 from astraflow.dataflow.config import (
     AuthConfig,
+    DashboardConfig,
     FilterList,
     LeaseConfig,
     PolicySettings,
@@ -29,6 +30,7 @@ from astraflow.dataflow.config import (
     SourceConfig,
 )
 from astraflow.evaluation.config import EvalSettings, ScoringSettings
+from astraflow.launch.trackers import LoggingSection
 from astraflow.models import ModelSpec
 from astraflow.plugins import GENERATOR_SPEC, TOOL_SPEC, WORKFLOW_SPEC, NamedSpecs, PluginSpec
 from astraflow.raas.config import NodeSettings
@@ -129,6 +131,8 @@ class DataflowSection(ConfigModel):
     """Report window and dead-band pool target."""
     auth: AuthConfig = Field(default_factory=AuthConfig)
     """Bearer tokens per role (also from ASTRAFLOW_*_TOKEN)."""
+    dashboard: DashboardConfig = Field(default_factory=DashboardConfig)
+    """The live dashboard at ``/dashboard`` (``astraflow run`` prints its URL)."""
 
 
 class HeldOutSection(ScoringSettings):
@@ -275,6 +279,8 @@ class RunConfig(ConfigModel):
     """Stop the run after this long (None: when every trainer reaches max_steps)."""
     ray: RaySection = Field(default_factory=RaySection)
     """Ray cluster and per-component resources (``astraflow run --cluster ray`` only)."""
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    """Experiment trackers (TensorBoard, Weights & Biases, MLflow) every figure goes to."""
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

@@ -39,6 +39,7 @@ from astraflow.launch.plan import Plan, make_plan, node_config, node_stop_timeou
 from astraflow.launch.pools import PoolManager
 from astraflow.launch.processes import Component, ComponentGroup, Proc
 from astraflow.launch.status import RunStatus, StatusCollector
+from astraflow.launch.telemetry import RunFeed
 from astraflow.records import Role
 from astraflow.weights.access import ENV_WEIGHT_TOKENS, WeightRole, WeightsAuthConfig
 
@@ -111,6 +112,9 @@ class Launcher:
         self.failures: list[str] = []
         self.weights_url: str | None = None
         self._weight_tokens = _weight_tokens()
+        self._read_token = secrets.token_urlsafe(24)
+        """The dashboard's read token for this run, when tokens are set but no read one."""
+        self.feed: RunFeed | None = None
         self.started = time.monotonic()
         port = port or config.dataflow.port or _free_port()
         self._bind(make_plan(config, port=port, base_dir=base_dir))
@@ -167,8 +171,22 @@ class Launcher:
         }
 
     def _tokens(self) -> dict[Role, str]:
-        """Bearer tokens per role: the run config's, else the launcher's environment."""
-        return self.config.dataflow.auth.tokens()
+        """Bearer tokens per role: the run config's, else the launcher's environment; a
+        service with tokens but no read token gets a fresh one for this run (the dashboard's)."""
+        tokens = self.config.dataflow.auth.tokens()
+        if tokens and "read" not in tokens:
+            tokens["read"] = self._read_token
+        return tokens
+
+    def dashboard_link(self) -> tuple[str, str | None] | None:
+        """The dashboard's URL and the read token that opens it (None: the service is open);
+        None when the dashboard is off."""
+        if not self.config.dataflow.dashboard.enabled:
+            return None
+        host = self.plan.dataflow.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.plan.dataflow.port}/dashboard", self._tokens().get("read")
 
     def start_dataflow(self) -> None:
         """Start the dataflow service and wait until it answers."""
@@ -244,9 +262,10 @@ class Launcher:
         reason = "failed"
         status: RunStatus | None = None
         try:
-            self._check_resume()
+            resuming = self._check_resume()
             self.plan.write()
             self.start_dataflow()
+            self.feed = RunFeed.for_run(self.config, self.plan.run_dir, self.client, resuming)
             if self._serve_weights():
                 self.start_weight_server()
             for policy in self.plan.trainers:
@@ -254,6 +273,9 @@ class Launcher:
             self.pools.start()
             self.start_evals()
             reason, status = self._supervise(stop)
+        except BaseException:
+            self._close_feed()
+            raise
         finally:
             self.shutdown()
         if status is not None:
@@ -262,6 +284,7 @@ class Launcher:
                 {name: self.pools.count(name) for name in self.pools.pools}, {}
             )
             self._write_summary(reason, status)
+        self._close_feed()
         self.client.close()
         return RunResult(
             reason, self.plan.run_dir, time.monotonic() - self.started, status, self.failures
@@ -281,6 +304,8 @@ class Launcher:
                 if status.report is not None:
                     report_log.write(status.report.model_dump_json() + "\n")
                     report_log.flush()
+                if self.feed is not None:
+                    self.feed.tick(status.report)
                 if self.on_tick is not None:
                     self.on_tick(status)
                 if self.failures:
@@ -294,6 +319,11 @@ class Launcher:
                     return "stopped", status
         finally:
             report_log.close()
+
+    def _close_feed(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+            self.feed = None
 
     def _trainers_done(self) -> bool:
         trainers = self.group.of_kind("trainer")
@@ -309,10 +339,11 @@ class Launcher:
         self.group.stop(self.group.of_kind("dataflow"), timeout_s=15)
         self.group.kill_all()
 
-    def _check_resume(self) -> None:
+    def _check_resume(self) -> bool:
+        """Whether this run resumes one (logs what changed since its last start)."""
         previous = self.plan.run_dir / "run.json"
         if not previous.exists():
-            return
+            return False
         old = json.loads(previous.read_text())
         new = json.loads(self.config.model_dump_json())
         changed = sorted(k for k in new.keys() | old.keys() if old.get(k) != new.get(k))
@@ -320,6 +351,7 @@ class Launcher:
             "resuming run in %s%s", self.plan.run_dir,
             f" (changed since last start: {', '.join(changed)})" if changed else "",
         )  # fmt: skip
+        return True
 
     def _write_summary(self, reason: str, status: RunStatus) -> None:
         from astraflow.launch.plots import write_plots
@@ -358,7 +390,7 @@ class LocalRun(Launcher):
 
 #: Which bearer tokens each kind of component is given (by role).
 _TOKEN_ROLES: dict[str, tuple[Role, ...]] = {
-    "dataflow": ("node", "trainer", "admin"),
+    "dataflow": ("node", "trainer", "admin", "read"),
     "trainer": ("trainer",),
     "node": ("node",),
 }

@@ -213,6 +213,7 @@ def _dataflow_config(
         "lease": section.lease,
         "regulation": regulation,
         "report": section.report,
+        "dashboard": section.dashboard,
         # auth tokens are not written here: the launcher passes them in the environment
     }
     return validate(DataflowConfig, data, source="dataflow")

@@ -28,6 +28,14 @@ class JsonlTail:
         self._offset = 0
         self._partial = b""
 
+    def skip(self) -> None:
+        """Skip what the file holds now (read only what is appended from here on)."""
+        try:
+            self._offset = self.path.stat().st_size
+        except FileNotFoundError:
+            self._offset = 0
+        self._partial = b""
+
     def read(self) -> list[dict[str, Any]]:
         """New complete records (a half-written last line waits for the next call)."""
         try:

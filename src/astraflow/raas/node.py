@@ -211,6 +211,11 @@ class RolloutNode:
             f"busy_s.{name}": float(p.engine.metrics().get("busy_s", 0.0))
             for name, p in self.policies.items()
         }
+        busy |= {  # the last weight refresh's duration per policy (the weight-transfer time)
+            f"refresh_s.{name}": p.refresh_s
+            for name, p in self.policies.items()
+            if p.refresh_s is not None
+        }
         if self.endpoint is not None:  # the agent endpoint's capture figures (segments ...)
             busy.update({f"agent.{k}": v for k, v in self.endpoint.metrics().items()})
         return stats.model_copy(update={"extra": {**stats.extra, **busy}}) if busy else stats

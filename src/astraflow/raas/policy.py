@@ -50,6 +50,8 @@ class NodePolicy(NamedPolicy):
         self._refresh_lock = asyncio.Lock()
         self.generated_tokens = 0
         self.generations = 0
+        self.refresh_s: float | None = None
+        """Seconds the last weight refresh took (pull and swap into the engine)."""
         if engine.version >= 0:
             self._ready.set()
 
@@ -126,12 +128,13 @@ class NodePolicy(NamedPolicy):
                     await self._load_locked(source, want)
             else:
                 await self._load_locked(source, want)
+            self.refresh_s = time.perf_counter() - started
             log.info(
                 "refreshed policy=%s from=%d to=%d seconds=%.3f",
                 self._name,
                 have,
                 want,
-                time.perf_counter() - started,
+                self.refresh_s,
             )
             return True
 

@@ -20,8 +20,13 @@ from typing import Any
 
 from astraflow.records import report, wire
 from astraflow.records.report import (
+    MAX_POINT_VALUES,
+    MAX_POINTS,
     MAX_POOL_NODES,
+    STALENESS_BINS,
     DataflowReport,
+    MetricPoint,
+    MetricPoints,
     NodeReport,
     PolicyReport,
     PoolReport,
@@ -80,11 +85,14 @@ from astraflow.records.wire import (
 
 __all__ = [
     "JSON_MEDIA_TYPE",
+    "MAX_POINTS",
+    "MAX_POINT_VALUES",
     "MAX_POOL_NODES",
     "MAX_WIRE_INT",
     "MSGPACK_MEDIA_TYPE",
     "NAME_PATTERN",
     "NO_VERSION",
+    "STALENESS_BINS",
     "WIRE_VERSION",
     "AckRequest",
     "AnnounceReply",
@@ -100,6 +108,8 @@ __all__ = [
     "LeaseRequest",
     "LeaseSecret",
     "MaskArray",
+    "MetricPoint",
+    "MetricPoints",
     "Name",
     "NodeReport",
     "NodeStats",

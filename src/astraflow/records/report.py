@@ -15,6 +15,9 @@ from astraflow.records.wire import Name, NodeStats, Record
 
 # --------------------------------------------------------------------------- dataflow report
 
+#: Bins of :attr:`PolicyReport.served_staleness`.
+STALENESS_BINS: Final = 32
+
 
 class NodeReport(Record):
     """One rollout node, as the dataflow service has measured it."""
@@ -81,6 +84,11 @@ class PolicyReport(Record):
     sample_metrics: dict[str, float] = Field(default_factory=dict)
     """Means of the workflows' per-sample figures (``sample.meta['metrics']``, e.g. the ``env``
     workflow's ``env/success``, ``env/turns``) over the last samples ingested."""
+    reward_mean: float | None = None
+    """Mean reward of the last samples ingested (None before the first)."""
+    served_staleness: list[int] = Field(default_factory=list, max_length=STALENESS_BINS)
+    """Samples served in batches since the service started, by staleness (index: versions
+    behind the trainer; the last bin also counts anything staler)."""
 
 
 class TrainerReport(Record):
@@ -225,3 +233,28 @@ class PoolSizes(Record):
     """``GET /v1/admin/pools``: every pool with a desired size or an observed node."""
 
     pools: dict[Name, PoolSize] = Field(default_factory=dict)
+
+
+#: Most figures one metric point may carry, and most points one post may carry.
+MAX_POINT_VALUES: Final = 64
+MAX_POINTS: Final = 1000
+
+
+class MetricPoint(Record):
+    """Figures of one policy version from outside the dataflow (e.g. held-out accuracy)."""
+
+    policy: Name
+    source: Name
+    """What measured them: ``eval``, ``trainer`` ..."""
+    version: int = Field(ge=0)
+    """The policy version they describe."""
+    time: float = Field(ge=0)
+    """Wall time (seconds since the epoch) they were measured."""
+    values: dict[Name, float] = Field(max_length=MAX_POINT_VALUES)
+    """Figure name → value (finite)."""
+
+
+class MetricPoints(Record):
+    """Admin: ``POST /v1/admin/metrics``, points the dashboard plots beside the report."""
+
+    points: list[MetricPoint] = Field(max_length=MAX_POINTS)

@@ -572,4 +572,6 @@ def groups_of(samples: Sequence[Sample]) -> dict[tuple[str, str], list[Sample]]:
     return out
 
 
-Role = Literal["node", "trainer", "admin"]
+Role = Literal["node", "trainer", "admin", "read"]
+"""Bearer-token roles; ``read`` opens only the read-only routes (report, versions, metrics,
+dashboard)."""

@@ -16,16 +16,24 @@ from fixtures.dataflow import make_config
 
 LEASE = json.dumps({"node_id": "n1", "capacity": 1, "workflows": ["rlvr"]})
 TAKE = json.dumps({"policy": "solver", "trainer_version": 0, "timeout_s": 0})
-TOKENS = {"node": "node-secret", "trainer": "trainer-secret", "admin": "admin-secret"}
+POINTS = json.dumps(
+    {"points": [{"policy": "solver", "source": "eval", "version": 1, "time": 1.0,
+                 "values": {"accuracy": 0.5}}]}
+)  # fmt: skip
+TOKENS = {
+    "node": "node-secret", "trainer": "trainer-secret", "admin": "admin-secret",
+    "read": "read-secret",
+}  # fmt: skip
 
-# (method, path, body) -> status per token: none, wrong, node, trainer, admin
+# (method, path, body) -> status per token: none, wrong, node, trainer, admin, read
 MATRIX = [
-    ("GET", "/v1/health", None, [200, 200, 200, 200, 200]),
-    ("POST", "/v1/lease", LEASE, [401, 401, 200, 403, 200]),
-    ("POST", "/v1/batches/take", TAKE, [401, 401, 403, 204, 204]),
-    ("GET", "/v1/report", None, [401, 401, 200, 200, 200]),
-    ("GET", "/metrics", None, [401, 401, 200, 200, 200]),
-    ("GET", "/v1/versions", None, [401, 401, 200, 200, 200]),
+    ("GET", "/v1/health", None, [200, 200, 200, 200, 200, 200]),
+    ("POST", "/v1/lease", LEASE, [401, 401, 200, 403, 200, 403]),
+    ("POST", "/v1/batches/take", TAKE, [401, 401, 403, 204, 204, 403]),
+    ("GET", "/v1/report", None, [401, 401, 200, 200, 200, 200]),
+    ("GET", "/metrics", None, [401, 401, 200, 200, 200, 200]),
+    ("GET", "/v1/versions", None, [401, 401, 200, 200, 200, 200]),
+    ("POST", "/v1/admin/metrics", POINTS, [401, 401, 403, 403, 200, 403]),
 ]
 
 
@@ -44,7 +52,7 @@ def test_roles(
         config = make_config(tmp_path / "df", auth=TOKENS)
     assert "secret" not in config.model_dump_json()  # tokens never leak into dumps
     url = dataflow_factory(config)
-    tokens = [None, "wrong", TOKENS["node"], TOKENS["trainer"], TOKENS["admin"]]
+    tokens = [None, "wrong", *(TOKENS[r] for r in ("node", "trainer", "admin", "read"))]
     for method, path, body, statuses in MATRIX:
         for token, status in zip(tokens, statuses, strict=True):
             headers = {"content-type": "application/json"}

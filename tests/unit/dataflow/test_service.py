@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from astraflow.dataflow.metrics import metrics_text
 from astraflow.dataflow.service import DataflowService
 from astraflow.errors import ConflictError, LeaseLostError, NotFoundError, ValidationError
 from astraflow.records import (
@@ -500,3 +501,20 @@ def test_frozen_policy_samples_are_dropped_and_never_throttle(tmp_path: Path, cl
     assert report["solver"].buffered_samples == 24
     nothing = TakeBatchRequest(policy="judge", trainer_version=0, min_samples=1)
     assert svc.take_batch(nothing) is None
+
+
+def test_report_carries_recent_reward_and_served_staleness(tmp_path: Path, clock: Clock) -> None:
+    svc = service(tmp_path, clock)
+    before = svc.report().policies["solver"]
+    assert before.reward_mean is None and before.served_staleness == []
+    old, new = lease(svc, capacity=2)
+    submit(svc, old, rewards=(0.0, 1.0), version=0)
+    submit(svc, new, rewards=(1.0, 1.0), version=1)
+    assert svc.report().policies["solver"].reward_mean == pytest.approx(0.75)
+    batch = take(svc, version=1, min_samples=4, max_samples=4)
+    assert batch is not None and len(batch.samples) == 4
+    # trainer at version 1: the version-0 group is 1 behind, the version-1 group is fresh
+    assert svc.report().policies["solver"].served_staleness == [2, 2]
+    gauges = metrics_text(svc.report()).decode()  # the Prometheus gauges from the same snapshot
+    assert 'astraflow_dataflow_policy_reward_mean{policy="solver"} 0.75' in gauges
+    assert 'by_staleness{policy="solver",staleness="1"} 2.0' in gauges

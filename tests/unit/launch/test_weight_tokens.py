@@ -36,3 +36,25 @@ def test_fresh_tokens_when_none_are_given(tmp_path: Path, monkeypatch: pytest.Mo
     assert first != second and len(set(first.values())) == 2
     for path in (p for p in tmp_path.rglob("*") if p.is_file()):  # in memory and env only
         assert not any(token in path.read_text(errors="replace") for token in first.values())
+
+
+def test_dashboard_link_and_its_read_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from astraflow.cli.progress import RunView
+
+    for role in ("NODE", "TRAINER", "ADMIN", "READ"):
+        monkeypatch.delenv(f"ASTRAFLOW_{role}_TOKEN", raising=False)
+    open_run = LocalRun(reduced_quickstart(tmp_path / "open"))
+    url, token = open_run.dashboard_link() or ("", "")
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/dashboard") and token is None
+    run = LocalRun(reduced_quickstart(tmp_path / "auth", "dataflow.auth.admin=admin-tok-5"))
+    url, token = run.dashboard_link() or ("", "")
+    assert token is not None and len(token) >= 24  # fresh for this run: tokens but no read one
+    assert run._tokens()["read"] == token  # the dataflow gets it in its environment
+    assert token not in run.plan.dataflow.model_dump_json()  # never in its config file
+    RunView(run.config).dashboard((url, token))  # not a terminal: the bare address only
+    printed = capsys.readouterr().out
+    assert url in printed and token not in printed
+    off = LocalRun(reduced_quickstart(tmp_path / "off", "dataflow.dashboard.enabled=false"))
+    assert off.dashboard_link() is None
