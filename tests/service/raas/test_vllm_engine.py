@@ -103,6 +103,24 @@ def test_vllm_samples_with_tempered_logprobs(shared: Shared) -> None:
         shared.run(shared.engine.generate([GenerationRequest((5, 9999), max_new_tokens=2)]))
 
 
+def test_an_exported_folder_scores_what_vllm_samples(shared: Shared, tmp_path: Path) -> None:
+    """``astraflow export`` of the version vLLM serves: the folder, loaded by ``transformers``
+    with its own tokenizer, confirms vLLM's sampled logprobs (float32, as published)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from astraflow.export import export_version
+
+    version = shared.engine.version
+    exported = export_version(shared.store.root, "policy", version, tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(exported.out)
+    prompt = tuple(AutoTokenizer.from_pretrained(exported.out).encode("3+4="))
+    assert prompt == tuple(shared.tokenizer.encode("3+4="))
+    request = GenerationRequest(prompt, max_new_tokens=10, temperature=1.0, seed=7)
+    (out,) = shared.run(shared.engine.generate([request]))
+    ref = recompute_logprobs(model, prompt, out.token_ids.tolist(), 1.0)
+    np.testing.assert_allclose(out.logprobs, ref, atol=1e-4)
+
+
 def test_vllm_moves_to_a_delta_version(shared: Shared) -> None:
     prompt = tuple(shared.tokenizer.encode("2+2="))
     request = GenerationRequest(prompt, max_new_tokens=8, temperature=0.0)
