@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "pool",
     "config",
     "env",
+    "link",
 )
 
 

@@ -1,0 +1,340 @@
+"""``Link``: a user-space TCP relay that shapes traffic like a WAN link (delay, rate, jitter, loss).
+
+Each forward listens on a local port and relays every connection to its upstream address.
+Every chunk read from one side is scheduled, then held until its delivery time::
+
+    read chunk (t, n) ──► wire of its direction: free_at = max(free_at, t) + n/rate,
+                           depart = max(t, free_at - burst/rate)
+                           (one token bucket per direction, shared by every connection)
+                      ──► deliver = depart + delay ± jitter + losses x rto, never before the
+                           chunk ahead of it on the same connection (order kept, per direction)
+                      ──► queue (at most ``buffer_bytes`` held: the sender is pushed back)
+                      ──► sleep until deliver ──► write to the other side
+
+Loss is emulated above TCP: no byte is dropped; each lost 1448-byte segment stalls its stream
+for a retransmission timeout, which is what a lossy path costs a TCP stream. Connection set-up
+is local (costs no RTT); every byte after it pays the delay. ``set_down(True)`` cuts every
+connection and refuses new ones (a WAN outage); ``cut()`` cuts the open ones only.
+The link runs its own asyncio loop in a thread (``start``/``close``), so blocking callers,
+tests and benchmarks use it alike; ``astraflow link serve`` runs one as a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import math
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from astraflow.errors import AstraflowError, ValidationError
+from astraflow.link.config import LinkConfig
+
+__all__ = ["Forward", "Link", "LinkStats"]
+
+log = logging.getLogger(__name__)
+
+_SEGMENT = 1448  # TCP payload bytes per packet on a 1500-byte MTU
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One relayed service: connections to ``listen`` go on to ``upstream``."""
+
+    upstream: tuple[str, int]
+    """Host and port the relay connects to."""
+    listen: tuple[str, int] = ("127.0.0.1", 0)
+    """Host and port to listen on (port 0: a free one)."""
+    name: str = ""
+    """Label in the byte counts (default: the upstream address)."""
+
+    @classmethod
+    def parse(cls, text: str) -> Forward:
+        """``[NAME=][LISTEN_HOST:]LISTEN_PORT:UPSTREAM_HOST:UPSTREAM_PORT``."""
+        name, _, spec = text.rpartition("=")
+        parts = spec.split(":")
+        try:
+            if len(parts) == 3:
+                listen = ("127.0.0.1", int(parts[0]))
+            elif len(parts) == 4:
+                listen = (parts[0], int(parts[1]))
+            else:
+                raise ValueError(spec)
+            upstream = (parts[-2], int(parts[-1]))
+        except ValueError:
+            raise ValidationError(
+                f"forward {text!r}: expected [NAME=][HOST:]PORT:UPSTREAM_HOST:UPSTREAM_PORT",
+                field="forward",
+            ) from None
+        return cls(upstream=upstream, listen=listen, name=name)
+
+
+@dataclass
+class LinkStats:
+    """Bytes relayed per forward and direction ('up': to upstream; 'down': back)."""
+
+    up: dict[str, int] = field(default_factory=dict)
+    """Bytes relayed towards the upstream, per forward name."""
+    down: dict[str, int] = field(default_factory=dict)
+    """Bytes relayed back to the clients, per forward name."""
+    connections: dict[str, int] = field(default_factory=dict)
+    """Connections accepted, per forward name."""
+
+    def total(self) -> int:
+        """Bytes relayed in both directions over every forward."""
+        return sum(self.up.values()) + sum(self.down.values())
+
+
+class _Wire:
+    """The capacity of one direction of the link: a token bucket as a virtual clock."""
+
+    def __init__(self, config: LinkConfig, rng: random.Random) -> None:
+        self.config = config
+        self.rng = rng
+        self.free_at = 0.0
+
+    def deliver_at(self, now: float, size: int) -> float:
+        """When a chunk of ``size`` bytes read at ``now`` reaches the other side."""
+        cfg = self.config
+        depart = now
+        rate = cfg.rate_bytes_s
+        if rate is not None:
+            # free_at: when the bytes scheduled so far are paid for at the rate; a chunk may
+            # leave once no more than the bucket's depth remains unpaid
+            self.free_at = max(self.free_at, now) + size / rate
+            depart = max(now, self.free_at - cfg.burst_kib * 1024 / rate)
+        delay = cfg.delay_ms / 1000
+        if cfg.jitter_ms:
+            delay += self.rng.uniform(-cfg.jitter_ms, cfg.jitter_ms) / 1000
+        if cfg.loss:
+            segments = math.ceil(size / _SEGMENT)
+            lost = sum(self.rng.random() < cfg.loss for _ in range(segments))
+            delay += lost * cfg.rto_s
+        return depart + delay
+
+
+class Link:
+    """An emulated WAN link carrying one or more forwards (see the module docstring)."""
+
+    def __init__(self, config: LinkConfig, forwards: Sequence[Forward]) -> None:
+        if not forwards:
+            raise ValidationError("a link needs at least one forward", field="forward")
+        self.config = config
+        self.forwards = list(forwards)
+        rng = random.Random(config.seed)
+        self._wires = {"up": _Wire(config, rng), "down": _Wire(config, rng)}
+        self.stats = LinkStats()
+        for fw in self.forwards:
+            name = self._name(fw)
+            self.stats.up[name] = self.stats.down[name] = self.stats.connections[name] = 0
+        self.addresses: list[tuple[str, int]] = []
+        self._down = False
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._servers: list[asyncio.Server] = []
+        self._closed = asyncio.Event()
+
+    @staticmethod
+    def _name(fw: Forward) -> str:
+        return fw.name or f"{fw.upstream[0]}:{fw.upstream[1]}"
+
+    @classmethod
+    def for_urls(cls, config: LinkConfig, urls: dict[str, str]) -> Link:
+        """A link with one forward per named ``http(s)://host:port`` URL (see ``url``)."""
+        forwards = []
+        for name, url in urls.items():
+            parts = urlsplit(url)
+            if parts.hostname is None or parts.port is None:
+                raise ValidationError(f"link upstream {name}: {url!r} needs a host and a port")
+            forwards.append(Forward(upstream=(parts.hostname, parts.port), name=name))
+        link = cls(config, forwards)
+        link._urls = dict(urls)
+        return link
+
+    _urls: dict[str, str] | None = None
+
+    def url(self, name: str) -> str:
+        """The URL that reaches the named upstream URL through the link (after ``start``)."""
+        if self._urls is None or name not in self._urls:
+            raise ValidationError(f"this link has no URL named {name!r}", field="name")
+        index = [fw.name for fw in self.forwards].index(name)
+        host, port = self.addresses[index]
+        parts = urlsplit(self._urls[name])
+        return urlunsplit((parts.scheme, f"{host}:{port}", parts.path, parts.query, ""))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> list[tuple[str, int]]:
+        """Listen on every forward in a background thread; returns the bound addresses."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._serve(ready))
+            except BaseException as exc:  # reported to start(); the thread ends
+                failure.append(exc)
+                ready.set()
+            finally:
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="wan-link", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise AstraflowError(f"the link could not listen: {failure[0]}") from failure[0]
+        return self.addresses
+
+    async def _serve(self, ready: threading.Event) -> None:
+        self._closed = asyncio.Event()
+        for fw in self.forwards:
+            server = await asyncio.start_server(
+                functools.partial(self._accept, fw), fw.listen[0], fw.listen[1]
+            )
+            self._servers.append(server)
+            host, port = server.sockets[0].getsockname()[:2]
+            self.addresses.append((host, port))
+            log.info("link forward=%s listen=%s:%d", self._name(fw), host, port)
+        ready.set()
+        await self._closed.wait()
+        for server in self._servers:
+            server.close()
+        self._abort_all()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def close(self) -> None:
+        """Stop listening and cut every connection."""
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(self._closed.set)
+            thread.join(timeout=10)
+
+    def __enter__(self) -> Link:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def set_down(self, down: bool) -> None:
+        """Take the link down (cut everything, refuse new connections) or bring it back."""
+        self._down = down
+        if down:
+            self.cut()
+
+    def cut(self) -> None:
+        """Cut every open connection (as a broken path does); new ones are accepted."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._abort_all)
+
+    def _abort_all(self) -> None:
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    # ------------------------------------------------------------------ relaying
+
+    async def _accept(
+        self, fw: Forward, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        name = self._name(fw)
+        if self._down or self._closed.is_set():
+            writer.transport.abort()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self.stats.connections[name] += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*fw.upstream)
+        except OSError as exc:
+            log.warning("link forward=%s upstream unreachable: %s", name, exc)
+            writer.transport.abort()
+            return
+        self._writers |= {writer, up_writer}
+        try:
+            await asyncio.gather(
+                self._pipe(reader, up_writer, "up", name),
+                self._pipe(up_reader, writer, "down", name),
+            )
+        except asyncio.CancelledError:  # the link closes: end quietly (asyncio's stream
+            pass  # callback reads this task's outcome and must not find it cancelled)
+        finally:
+            for w in (writer, up_writer):
+                self._writers.discard(w)
+                w.transport.abort()
+
+    async def _pipe(
+        self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, direction: str, name: str
+    ) -> None:
+        """Relay one direction of one connection until EOF (then half-close) or a cut."""
+        held: deque[tuple[float, bytes]] = deque()
+        room, ready = asyncio.Event(), asyncio.Event()
+        state = {"bytes": 0, "eof": False}
+        sender = asyncio.create_task(self._send(dst, held, room, ready, state, direction, name))
+        wire, limit, last = self._wires[direction], self.config.buffer_bytes, 0.0
+        chunk = self.config.chunk_kib * 1024
+        try:
+            while data := await src.read(chunk):
+                last = max(last, wire.deliver_at(time.monotonic(), len(data)))
+                held.append((last, data))
+                state["bytes"] += len(data)
+                ready.set()
+                while state["bytes"] >= limit:
+                    room.clear()
+                    await room.wait()
+        except OSError:
+            pass
+        except asyncio.CancelledError:
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+            raise
+        state["eof"] = True
+        ready.set()
+        with contextlib.suppress(OSError):
+            await sender
+
+    async def _send(
+        self,
+        dst: asyncio.StreamWriter,
+        held: deque[tuple[float, bytes]],
+        room: asyncio.Event,
+        ready: asyncio.Event,
+        state: dict[str, int | bool],
+        direction: str,
+        name: str,
+    ) -> None:
+        counts = self.stats.up if direction == "up" else self.stats.down
+        while True:
+            if not held:
+                if state["eof"]:
+                    break
+                ready.clear()
+                await ready.wait()
+                continue
+            deliver, data = held[0]
+            wait = deliver - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            held.popleft()
+            dst.write(data)
+            await dst.drain()
+            counts[name] += len(data)
+            state["bytes"] = int(state["bytes"]) - len(data)
+            room.set()
+        if dst.can_write_eof():
+            dst.write_eof()
