@@ -1,4 +1,5 @@
-"""``astraflow weights``: serve a weight store over HTTP, list and verify its versions."""
+"""``astraflow weights``: serve a weight store over HTTP (or relay one to a region), list and
+verify its versions."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from astraflow.cli.options import add_common, init_logging
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``weights`` subcommand (``serve``, ``ls``, ``verify``)."""
+    """Add the ``weights`` subcommand (``serve``, ``relay``, ``ls``, ``verify``)."""
     parser = sub.add_parser(
         "weights", help="the weight store (versioned full and delta weights over HTTP)"
     )
@@ -23,6 +24,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8020, help="port to bind (default 8020)")
     serve.set_defaults(func=_serve)
+    relay = actions.add_parser(
+        "relay",
+        help="a regional mirror: pull each version once from an upstream weight server, "
+        "verify it, serve it with the same API (upstream token: ASTRAFLOW_RELAY_UPSTREAM_TOKEN, "
+        "else ASTRAFLOW_WEIGHTS_READ_TOKEN)",
+    )
+    add_common(relay)
+    relay.add_argument("--upstream", required=True, help="URL of the upstream weight server")
+    relay.add_argument("--root", required=True, help="local store directory of the mirror")
+    relay.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    relay.add_argument("--port", type=int, default=8021, help="port to bind (default 8021)")
+    relay.add_argument(
+        "--policy", action="append", default=[], help="policy to mirror ahead of requests"
+    )
+    relay.add_argument("--poll-s", type=float, default=1.0, help="upstream poll period (s)")
+    relay.add_argument(
+        "--wait-s", type=float, default=60.0, help="give up at start if upstream stays down"
+    )
+    relay.set_defaults(func=_relay)
     ls = actions.add_parser("ls", help="list the versions of a policy")
     add_common(ls)
     ls.add_argument("--source", required=True, help="store directory, fsspec URL or server URL")
@@ -44,6 +64,38 @@ def _serve(args: argparse.Namespace) -> int:
     init_logging(args, "weights")
     app = standalone_app(args.root, WeightServerConfig())  # tokens: ASTRAFLOW_WEIGHTS_*_TOKEN
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", ws="none", lifespan="off")
+    return 0
+
+
+def _relay(args: argparse.Namespace) -> int:
+    import os
+    import threading
+
+    import uvicorn
+
+    from astraflow.weights.access import client_token
+    from astraflow.weights.relay import WeightRelay, relay_app, wait_for_upstream
+    from astraflow.weights.server import WeightServerConfig
+    from astraflow.weights.transfer import TransferOptions
+
+    init_logging(args, "weights-relay")
+    token = os.environ.get("ASTRAFLOW_RELAY_UPSTREAM_TOKEN") or client_token()
+    relay = WeightRelay(
+        args.upstream, args.root, policies=args.policy, options=TransferOptions(token=token)
+    )
+    try:
+        wait_for_upstream(relay, args.wait_s)  # a wrong URL or a dead WAN: fail loud, early
+        stop = threading.Event()
+        poller = threading.Thread(target=relay.poll, args=(stop, args.poll_s), daemon=True)
+        poller.start()
+        app = relay_app(relay, WeightServerConfig())  # tokens: ASTRAFLOW_WEIGHTS_*_TOKEN
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level="warning", ws="none", lifespan="off"
+        )
+        stop.set()
+        poller.join(timeout=30)
+    finally:
+        relay.close()
     return 0
 
 
