@@ -31,6 +31,7 @@ from astraflow.dataflow.config import (
 )
 from astraflow.evaluation.config import EvalSettings, ScoringSettings
 from astraflow.launch.trackers import LoggingSection
+from astraflow.link.config import LinkConfig
 from astraflow.models import ModelSpec
 from astraflow.plugins import GENERATOR_SPEC, TOOL_SPEC, WORKFLOW_SPEC, NamedSpecs, PluginSpec
 from astraflow.raas.config import NodeSettings
@@ -108,6 +109,21 @@ class PoolSection(ConfigModel):
     """Autoscaler lower bound."""
     max_nodes: int = Field(default=8, ge=0)
     """Autoscaler upper bound."""
+    speed: float = Field(default=1.0, gt=0, le=1)
+    """Fraction of full speed: each node runs under a cgroup v1 CPU quota of speed x its
+    threads (``threads.node``, else every core) CPUs; 1.0: no quota (local launcher only)."""
+    link: LinkConfig | None = None
+    """Remote pool: its nodes reach the dataflow service and the weight server only through
+    an emulated WAN link of this shape, one per pool (local launcher only)."""
+    relay: bool = False
+    """Remote pool: a regional weight relay behind the link pulls each version once and
+    the pool's nodes pull from it (needs ``link``)."""
+
+    @model_validator(mode="after")
+    def _relay_needs_link(self) -> PoolSection:
+        if self.relay and self.link is None:
+            raise ValueError(f"pool {self.name!r}: relay needs a link (a relay serves a region)")
+        return self
 
 
 class DataflowSection(ConfigModel):

@@ -38,6 +38,7 @@ from astraflow.launch.config import PoolSection, RunConfig
 from astraflow.launch.plan import Plan, make_plan, node_config, node_stop_timeout
 from astraflow.launch.pools import PoolManager
 from astraflow.launch.processes import Component, ComponentGroup, Proc
+from astraflow.launch.regions import Regions
 from astraflow.launch.status import RunStatus, StatusCollector
 from astraflow.launch.telemetry import RunFeed
 from astraflow.records import Role
@@ -111,6 +112,7 @@ class Launcher:
         self.group = ComponentGroup(on_failure=self._failed)
         self.failures: list[str] = []
         self.weights_url: str | None = None
+        self.regions = Regions(config)
         self._weight_tokens = _weight_tokens()
         self._read_token = secrets.token_urlsafe(24)
         """The dashboard's read token for this run, when tokens are set but no read one."""
@@ -146,7 +148,7 @@ class Launcher:
 
     def _serve_weights(self) -> bool:
         """Whether nodes pull weights from a weight server (else from the directory)."""
-        return self.config.serve_weights
+        return self.config.serve_weights or self.regions.remote
 
     # ------------------------------------------------------------------ components
 
@@ -223,9 +225,25 @@ class Launcher:
         )  # fmt: skip
         log.info("trainer policy=%s run_dir=%s", policy, cfg.run_dir)
 
+    def start_regions(self) -> None:
+        """Put each remote pool behind its WAN link, with its weight relay if it has one."""
+        assert self.weights_url is not None or not self.regions.remote
+        for pool in self.regions.open_links(self.plan.dataflow_url, self.weights_url or ""):
+            host, port = self._endpoint(f"relay-{pool.name}")
+            options = {
+                "upstream": self.regions.links[pool.name].url("weights"),
+                "root": str(self.plan.run_dir / "relays" / pool.name),
+                "host": host, "port": str(port), "poll_s": "0.5",
+                **({"policy": self.config.trained[0]} if self.config.trained else {}),
+            }  # fmt: skip
+            self._start(ComponentSpec(f"relay-{pool.name}", "relay", ("weights", "relay"),
+                                      options=options, env=self.regions.threads_env))  # fmt: skip
+            self.regions.relays[pool.name] = f"http://{host}:{port}"
+
     def start_node(self, pool: PoolSection) -> str:
         """Start one node of ``pool``; returns its node id."""
         cfg = node_config(self.plan, pool, weights=self.weights_url)
+        cfg = self.regions.node_urls(pool, cfg)
         self._start(
             ComponentSpec(
                 f"node-{cfg.node_id}", "node", ("raas", "serve"), cfg,
@@ -263,11 +281,13 @@ class Launcher:
         status: RunStatus | None = None
         try:
             resuming = self._check_resume()
+            self.regions.check()
             self.plan.write()
             self.start_dataflow()
             self.feed = RunFeed.for_run(self.config, self.plan.run_dir, self.client, resuming)
             if self._serve_weights():
                 self.start_weight_server()
+            self.start_regions()
             for policy in self.plan.trainers:
                 self.start_trainer(policy)
             self.pools.start()
@@ -335,9 +355,11 @@ class Launcher:
         self.group.stop(self.group.of_kind("node"), timeout_s=node_stop_timeout(self.config))
         self.group.stop(self.group.of_kind("eval"), timeout_s=60)
         self.group.stop(self.group.of_kind("trainer"), timeout_s=60)
+        self.group.stop(self.group.of_kind("relay"), timeout_s=10)
         self.group.stop(self.group.of_kind("weights"), timeout_s=10)
         self.group.stop(self.group.of_kind("dataflow"), timeout_s=15)
         self.group.kill_all()
+        self.regions.close(self.plan.run_dir)
 
     def _check_resume(self) -> bool:
         """Whether this run resumes one (logs what changed since its last start)."""
@@ -382,9 +404,10 @@ class LocalRun(Launcher):
                     f"--nproc-per-node={spec.ranks}", "-m", "astraflow", *args]  # fmt: skip
         else:
             argv = [self.python, "-m", "astraflow", *args]
+        cgroup = self.regions.cgroup(spec.pool, spec.name) if spec.kind == "node" else None
         return Proc(
             spec.name, spec.kind, argv, self.plan.run_dir / "logs" / f"{spec.name}.log",
-            env=spec.env, restart=spec.restart, max_restarts=spec.max_restarts,
+            env=spec.env, restart=spec.restart, max_restarts=spec.max_restarts, cgroup=cgroup,
         )  # fmt: skip
 
 
@@ -401,6 +424,7 @@ _WEIGHT_TOKEN_ROLES: dict[str, tuple[WeightRole, ...]] = {
     "weights": ("read", "publish"),
     "node": ("read",),
     "eval": ("read",),
+    "relay": ("read",),
 }
 
 

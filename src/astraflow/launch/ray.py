@@ -309,6 +309,13 @@ class RayRun(Launcher):
                 f"policies {ranked}: processes > 1 (FSDP2 ranks) are not placed as Ray "
                 "actors yet; use --cluster local or processes: 1"
             )
+        shaped = [p.name for p in self.config.pools if p.speed < 1 or p.link is not None]
+        if shaped:
+            self.client.close()
+            raise ConfigError(
+                f"pools {shaped}: speed < 1, link and relay are set up by the local launcher "
+                "only; use --cluster local (or give Ray nodes real hardware and links)"
+            )
         try:
             with ray_cluster(self.config.ray) as machines:
                 self.machines = machines
