@@ -17,7 +17,7 @@ class LinkConfig(ConfigModel):
     rate_mbit: float | None = Field(default=None, gt=0)
     """Bandwidth per direction in Mbit/s (10^6 bit/s), shared by every connection on the
     link; None: unlimited."""
-    burst_kib: float = Field(default=64.0, ge=0)
+    burst_kib: float = Field(default=16.0, ge=0)
     """Token-bucket depth in KiB: bytes that may leave back to back after an idle spell."""
     jitter_ms: float = Field(default=0.0, ge=0)
     """Each chunk's delay varies uniformly in [delay - jitter, delay + jitter] (order kept)."""

@@ -153,13 +153,13 @@ def measure(
 ) -> Fidelity:
     """Start a probe server and a link shaped by ``config`` in front of it; measure the link.
 
-    ``bulk_bytes`` defaults to about 2 s worth of the configured rate (at least 256 KiB
-    beyond the token bucket's burst, at most 256 MiB; 16 MiB when the rate is unlimited).
+    ``bulk_bytes`` defaults to about 3 s worth of the configured rate (at least 64 times the
+    token bucket's burst, at most 256 MiB; 16 MiB when the rate is unlimited).
     """
     if bulk_bytes is None:
         rate = config.rate_bytes_s
-        floor = int(config.burst_kib * 1024) + (1 << 18)
-        bulk_bytes = 1 << 24 if rate is None else min(1 << 28, max(floor, int(2 * rate)))
+        floor = int(config.burst_kib * 1024) * 64
+        bulk_bytes = 1 << 24 if rate is None else min(1 << 28, max(floor, int(3 * rate)))
     server = ProbeServer()
     address = server.start()
     try:

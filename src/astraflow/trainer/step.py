@@ -241,7 +241,8 @@ def _all_gather_1d(backend: TrainBackend, local: Tensor) -> Tensor:
 
 
 def _batch_stats(samples: Sequence[Sample], rows: Sequence[TrainRow]) -> dict[str, float]:
-    """Reward, advantage, size and staleness figures of the batch (identical on all ranks)."""
+    """Reward, advantage, size, staleness and per-pool sample figures of the batch (identical
+    on all ranks)."""
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
     staleness = Counter(r.staleness for r in rows)
     out = {
@@ -256,6 +257,8 @@ def _batch_stats(samples: Sequence[Sample], rows: Sequence[TrainRow]) -> dict[st
     }
     for k, v in sorted(staleness.items()):
         out[f"staleness/{k}"] = float(v)
+    pools = Counter(str(s.meta.get("pool", "")) for s in samples)  # rollout pool (node label)
+    out |= {f"pool/{name}": float(n) for name, n in sorted(pools.items()) if name}
     out |= _sample_metrics(samples)
     return out
 

@@ -101,8 +101,9 @@ class WeightRelay:
             return
         self.sync(policy)
 
-    def sync(self, policy: str) -> PullStats | None:
-        """Bring ``policy`` to upstream's newest version; the pull's stats, None if current.
+    def sync(self, policy: str, want: int | None = None) -> PullStats | None:
+        """Bring ``policy`` to upstream's newest version (or ``want`` when given and older);
+        the pull's stats, None if current.
 
         Raises ``RelayError`` naming the upstream when it cannot be reached, and lets
         ``ChecksumError`` through when its data does not verify (nothing is published then).
@@ -112,6 +113,8 @@ class WeightRelay:
                 latest = self.client.latest(policy)
             except TransferError as exc:
                 raise self._failed(policy, exc) from exc
+            if latest is not None and want is not None:
+                latest = min(latest, want)
             held = self._load_held(policy)
             if latest is None or (held is not None and latest <= held):
                 return None
