@@ -357,12 +357,14 @@ def _spread(xs: list[float]) -> str:
 def report(runs: dict[str, list[dict[str, Any]]], transfer: dict[str, Any], link: LinkConfig,
            fidelity: Any) -> dict[str, Any]:  # fmt: skip
     waits = {s: [r["trainer_wait_mean_s"] for r in runs[s]] for s in runs}
-    ratios = [c / b for c, b in zip(waits["cross"], waits["baseline"], strict=False) if b]
+    pairs = zip(waits["cross"], waits["baseline"], strict=False)
+    ratios = [c / b for c, b in pairs if c is not None and b]
     one = [r for r in transfer["relay"] if r["nodes"] == 1]
     four = [r for r in transfer["relay"] if r["nodes"] == 4]
     summary = {
         "link": json.loads(link.model_dump_json()),
-        "link_fidelity": {"rtt_s": fidelity.rtt_s, "up_bytes_s": fidelity.up_bytes_s,
+        "link_fidelity": {"rtt_s": fidelity.rtt_s, "link_rtt_s": fidelity.link_rtt_s,
+                          "up_bytes_s": fidelity.up_bytes_s,
                           "down_bytes_s": fidelity.down_bytes_s, "errors": fidelity.errors()},
         "pools_in_every_iteration": [r["pools_in_every_iteration"] for r in runs["cross"]],
         "trainer_wait_mean_s": waits,

@@ -2,8 +2,8 @@
 
 A pool with ``speed < 1`` runs each node in its own cgroup under the ``cpu`` controller,
 ``<mount>/astraflow/<run>/<node>``, whose CFS quota is ``speed x cpus`` of every period
-(``cpus``: the node's torch threads). The process joins its cgroup between fork and exec,
-so nothing it runs escapes the quota; the directories are removed when the run ends::
+(``cpus``: the node's torch threads). The launcher moves the node process (all its threads)
+into it once the node is ready; the directories are removed when the run ends::
 
     /sys/fs/cgroup/cpu/astraflow/<run>/            (no limit)
         <node>/  cpu.cfs_period_us = 100000, cpu.cfs_quota_us = speed x cpus x 100000
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from astraflow.errors import ConfigError
 
-__all__ = ["CPU_ROOT", "CpuQuotas", "check_cpu_cgroups", "join_cgroup"]
+__all__ = ["CPU_ROOT", "CpuQuotas", "check_cpu_cgroups", "move_to_cgroup"]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,6 @@ def _rmdir(path: Path) -> None:
         path.rmdir()
 
 
-def join_cgroup(path: Path) -> None:
-    """Move the calling process into the cgroup ``path`` (runs between fork and exec)."""
-    with (path / "cgroup.procs").open("w") as f:
-        f.write(str(os.getpid()))
+def move_to_cgroup(path: Path, pid: int) -> None:
+    """Move process ``pid`` (every thread of it) into the cgroup ``path``."""
+    (path / "cgroup.procs").write_text(str(pid))

@@ -324,6 +324,7 @@ class Launcher:
                 if status.report is not None:
                     report_log.write(status.report.model_dump_json() + "\n")
                     report_log.flush()
+                    self.regions.throttle_ready(status.report.nodes, self._pids())
                 if self.feed is not None:
                     self.feed.tick(status.report)
                 if self.on_tick is not None:
@@ -344,6 +345,10 @@ class Launcher:
         if self.feed is not None:
             self.feed.close()
             self.feed = None
+
+    def _pids(self) -> dict[str, int | None]:
+        """OS process id per component name (None where not a local process)."""
+        return {name: getattr(proc, "pid", None) for name, proc in self.group.procs.items()}
 
     def _trainers_done(self) -> bool:
         trainers = self.group.of_kind("trainer")
@@ -404,10 +409,11 @@ class LocalRun(Launcher):
                     f"--nproc-per-node={spec.ranks}", "-m", "astraflow", *args]  # fmt: skip
         else:
             argv = [self.python, "-m", "astraflow", *args]
-        cgroup = self.regions.cgroup(spec.pool, spec.name) if spec.kind == "node" else None
+        if spec.kind == "node":
+            self.regions.slow_down(spec.pool, spec.name, spec.name.removeprefix("node-"))
         return Proc(
             spec.name, spec.kind, argv, self.plan.run_dir / "logs" / f"{spec.name}.log",
-            env=spec.env, restart=spec.restart, max_restarts=spec.max_restarts, cgroup=cgroup,
+            env=spec.env, restart=spec.restart, max_restarts=spec.max_restarts,
         )  # fmt: skip
 
 

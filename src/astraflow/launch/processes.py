@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from astraflow.launch.cgroups import join_cgroup
-
 __all__ = ["Component", "ComponentGroup", "Proc", "ProcessGroup"]
 
 log = logging.getLogger(__name__)
@@ -100,8 +98,6 @@ class Proc:
     """Restart in place after a crash; False: the process is replaceable, a crash is logged
     and the owner (the pool manager) starts a fresh one."""
     max_restarts: int = 3
-    cgroup: Path | None = None
-    """A cgroup the process joins before it runs (a slowed pool's CPU quota)."""
     popen: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -132,16 +128,11 @@ class Proc:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=self._preexec if sys.platform == "linux" else None,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         self.started_at = time.monotonic()
         self.exit_code = None
         log.info("started %s pid=%s", self.name, self.popen.pid)
-
-    def _preexec(self) -> None:  # in the child, between fork and exec
-        _die_with_parent()
-        if self.cgroup is not None:
-            join_cgroup(self.cgroup)
 
     def poll(self) -> int | None:
         """The exit code once the process has ended."""

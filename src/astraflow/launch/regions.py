@@ -2,7 +2,9 @@
 
 For each pool of the run config::
 
-    speed < 1   each node process joins its own cgroup (``launch.cgroups``) with a CPU quota
+    speed < 1   each node process is moved into its own cgroup (``launch.cgroups``) with a
+                CPU quota once the dataflow has seen it (ready): the quota slows rollout,
+                as a GPU power cap does, not the process's imports and engine start-up
     link        an emulated WAN link (``astraflow.link``) runs in the launcher, forwarding the
                 dataflow service and the weight server; the pool's nodes get the link's URLs
     relay       a ``astraflow weights relay`` process pulls through the link into
@@ -16,9 +18,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from astraflow.launch.cgroups import CpuQuotas, check_cpu_cgroups
+from astraflow.launch.cgroups import CpuQuotas, check_cpu_cgroups, move_to_cgroup
 from astraflow.launch.config import PoolSection, RunConfig
 from astraflow.link import Link
 from astraflow.raas.config import NodeConfig
@@ -37,6 +40,7 @@ class Regions:
         self.links: dict[str, Link] = {}
         self.relays: dict[str, str] = {}
         self._quotas: CpuQuotas | None = None
+        self._pending: dict[str, tuple[str, Path]] = {}  # component name -> (node id, cgroup)
 
     @property
     def remote(self) -> bool:
@@ -81,14 +85,31 @@ class Regions:
         weights = self.relays.get(pool.name) or link.url("weights")
         return cfg.model_copy(update={"dataflow_url": link.url("dataflow"), "weights": weights})
 
-    def cgroup(self, pool: str | None, name: str) -> Path | None:
-        """The cgroup a node process of ``pool`` joins (None: its pool runs at full speed)."""
+    def slow_down(self, pool: str | None, name: str, node_id: str) -> None:
+        """Make a cgroup for component ``name`` (node ``node_id``) of a slowed ``pool``; the
+        process joins it once ready (``throttle_ready``)."""
         section = self.pools.get(pool or "")
         if section is None or section.speed >= 1:
-            return None
+            return
         assert self._quotas is not None, "check() first"
         cpus = self.config.threads.get("node") or os.cpu_count() or 1
-        return self._quotas.create(name, section.speed * cpus)
+        self._pending[name] = (node_id, self._quotas.create(name, section.speed * cpus))
+
+    def throttle_ready(self, seen: Iterable[str], pids: Mapping[str, int | None]) -> None:
+        """Move each slowed node the dataflow has seen (node ids ``seen``) into its cgroup;
+        ``pids``: process id per component name."""
+        seen = set(seen)
+        for name, (node_id, cgroup) in list(self._pending.items()):
+            pid = pids.get(name)
+            if node_id not in seen or pid is None:
+                continue
+            try:
+                move_to_cgroup(cgroup, pid)
+            except OSError as exc:  # the process ended meanwhile: nothing to slow
+                log.info("node %s not moved into %s: %s", node_id, cgroup, exc)
+            else:
+                log.info("node %s (pid %d) now runs under %s", node_id, pid, cgroup)
+            del self._pending[name]
 
     def close(self, run_dir: Path) -> None:
         """Close the links (writing what they carried) and remove the cgroups."""

@@ -2,7 +2,8 @@
 
 ``measure(config)`` starts a probe server on loopback and a ``Link`` in front of it, then::
 
-    ping      send 1 byte ─► echoed ─► RTT (median of ``pings``)
+    ping      send 1 byte ─► echoed ─► RTT (median of ``pings``; the same straight to the
+              server is subtracted: what the link adds is compared with its configuration)
     up        "U n" + n bytes ─► server answers when all arrived: n / (elapsed - RTT)
     down      "D n" ─► server sends n bytes: n / (elapsed - RTT)
 
@@ -33,7 +34,10 @@ class Fidelity:
     """Measured against configured figures of one link."""
 
     rtt_s: float
-    """Median measured round-trip time."""
+    """Median measured round-trip time through the link."""
+    base_rtt_s: float
+    """Median round-trip time to the same probe server without the link (loopback and the
+    probe's own processing), subtracted before RTT is compared with the configuration."""
     up_bytes_s: float
     """Measured throughput towards the upstream."""
     down_bytes_s: float
@@ -45,12 +49,17 @@ class Fidelity:
         """Relative error of each figure (measured / configured - 1; rates only when set)."""
         out = {}
         if self.config.rtt_s > 0:
-            out["rtt"] = self.rtt_s / self.config.rtt_s - 1
+            out["rtt"] = self.link_rtt_s / self.config.rtt_s - 1
         rate = self.config.rate_bytes_s
         if rate is not None:
             out["up"] = self.up_bytes_s / rate - 1
             out["down"] = self.down_bytes_s / rate - 1
         return out
+
+    @property
+    def link_rtt_s(self) -> float:
+        """The round-trip time the link adds (measured minus the direct loopback RTT)."""
+        return self.rtt_s - self.base_rtt_s
 
     def within(self, tolerance: float) -> bool:
         """Whether every figure is within ``tolerance`` (e.g. 0.1) of the configured one."""
@@ -59,7 +68,7 @@ class Fidelity:
     def table(self) -> str:
         """A small text table: configured, measured, error."""
         cfg, rate = self.config, self.config.rate_bytes_s
-        rows = [("rtt_ms", cfg.rtt_s * 1000, self.rtt_s * 1000)]
+        rows = [("rtt_ms", cfg.rtt_s * 1000, self.link_rtt_s * 1000)]
         if rate is not None:
             rows += [("up_mbit_s", rate * 8e-6, self.up_bytes_s * 8e-6),
                      ("down_mbit_s", rate * 8e-6, self.down_bytes_s * 8e-6)]  # fmt: skip
@@ -67,6 +76,8 @@ class Fidelity:
         for name, want, got in rows:
             err = f"{(got / want - 1) * 100:+.1f}%" if want else "-"
             lines.append(f"{name:<12}{want:>12.2f}{got:>12.2f}{err:>9}")
+        lines.append(f"(rtt: {self.rtt_s * 1000:.2f} ms through the link minus "
+                     f"{self.base_rtt_s * 1000:.2f} ms straight to the probe server)")  # fmt: skip
         return "\n".join(lines)
 
 
@@ -126,13 +137,7 @@ def probe_address(
     """RTT (median), up and down throughput in bytes/s through ``host:port`` to a probe server."""
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        rtts = []
-        for _ in range(pings):
-            started = time.perf_counter()
-            sock.sendall(b"P\n")
-            _recv_exact(sock, 1)
-            rtts.append(time.perf_counter() - started)
-        rtt = statistics.median(rtts)
+        rtt = _pings(sock, pings)
         started = time.perf_counter()
         sock.sendall(f"U {bulk_bytes}\n".encode())
         block, left = bytes(_BLOCK), bulk_bytes
@@ -163,6 +168,7 @@ def measure(
     server = ProbeServer()
     address = server.start()
     try:
+        base_rtt = _ping(address, pings, timeout_s)
         with Link(config, [Forward(upstream=address, name="probe")]) as link:
             host, port = link.addresses[0]
             rtt, up, down = probe_address(
@@ -170,7 +176,24 @@ def measure(
             )
     finally:
         server.stop()
-    return Fidelity(rtt_s=rtt, up_bytes_s=up, down_bytes_s=down, config=config)
+    return Fidelity(rtt_s=rtt, base_rtt_s=base_rtt, up_bytes_s=up, down_bytes_s=down,
+                    config=config)  # fmt: skip
+
+
+def _ping(address: tuple[str, int], pings: int, timeout_s: float) -> float:
+    with socket.create_connection(address, timeout=timeout_s) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _pings(sock, pings)
+
+
+def _pings(sock: socket.socket, pings: int) -> float:
+    rtts = []
+    for _ in range(pings):
+        started = time.perf_counter()
+        sock.sendall(b"P\n")
+        _recv_exact(sock, 1)
+        rtts.append(time.perf_counter() - started)
+    return statistics.median(rtts)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -4,7 +4,6 @@ under (a real cgroup v1, when this machine lets us make one), and the error with
 from __future__ import annotations
 
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from astraflow.errors import ConfigError
-from astraflow.launch.cgroups import CPU_ROOT, CpuQuotas, check_cpu_cgroups
+from astraflow.launch.cgroups import CPU_ROOT, CpuQuotas, check_cpu_cgroups, move_to_cgroup
 from astraflow.launch.config import PoolSection
 from astraflow.launch.processes import Proc
 from astraflow.link import LinkConfig
@@ -47,22 +46,33 @@ def test_missing_cgroups_are_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.skipif(not _cgroups_usable(), reason=f"needs a writable cgroup v1 {CPU_ROOT} (root)")
 def test_a_slowed_node_process_gets_its_cpu_quota(tmp_path: Path) -> None:
     quotas = CpuQuotas(f"test-{os.getpid()}")
-    spin = "import time\nt = time.time()\nwhile time.time() - t < 1.0:\n    pass\n"
+    ready, go, out = tmp_path / "ready", tmp_path / "go", tmp_path / "cpu"
+    # the child spins for 1 s of wall time once moved, and writes the CPU time it got
+    spin = (
+        "import pathlib, time\n"
+        f"pathlib.Path({str(ready)!r}).touch()\n"
+        f"while not pathlib.Path({str(go)!r}).exists():\n    time.sleep(0.01)\n"
+        "c, t = time.process_time(), time.time()\n"
+        "while time.time() - t < 1.0:\n    pass\n"
+        f"pathlib.Path({str(out)!r}).write_text(str(time.process_time() - c))\n"
+    )
     try:
         cgroup = quotas.create("spinner", 0.25)
         proc = Proc("spinner", "node", [sys.executable, "-c", spin], tmp_path / "spin.log",
-                    restart=False, cgroup=cgroup)  # fmt: skip
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        started = time.monotonic()
+                    restart=False)  # fmt: skip
         proc.start()
+        while not ready.exists():  # ready: the launcher moves it then
+            assert proc.poll() is None
+            time.sleep(0.02)
+        assert proc.pid is not None
+        move_to_cgroup(cgroup, proc.pid)
+        go.touch()
         assert proc.wait(30) == 0
-        wall = time.monotonic() - started
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        cpu = float(out.read_text())
         stat = dict(line.split() for line in (cgroup / "cpu.stat").read_text().splitlines())
-        throttled = int(stat["nr_throttled"])
     finally:
         quotas.close()
-    # the quota caps CPU at 0.25 of wall time (one 100 ms period of slack), whatever the load
-    assert cpu <= 0.25 * wall + 0.15 and throttled >= 1
+    # the quota caps the spin at 0.25 CPU-s per wall second (one 100 ms period of slack),
+    # however loaded the machine is
+    assert cpu <= 0.25 + 0.15 and int(stat["nr_throttled"]) >= 1
     assert not quotas.base.exists()
