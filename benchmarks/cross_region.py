@@ -71,7 +71,10 @@ def run_config(
 ) -> RunConfig:
     pools = []
     for name, speed, remote in POOLS[setting]:
-        pool: dict[str, Any] = {"name": name, "nodes": 1, "capacity": 16, "speed": speed}
+        # capacity 2: a node submits 2 groups at a time, so even the 30% pool delivers some
+        # in (nearly) every iteration rather than a whole batch every few iterations
+        pool: dict[str, Any] = {"name": name, "nodes": 1, "capacity": args.capacity,
+                                "speed": speed}  # fmt: skip
         if remote:
             assert link is not None
             pool |= {"link": json.loads(link.model_dump_json()), "relay": True}
@@ -171,7 +174,7 @@ def collect(run_dir: Path, setting: str) -> dict[str, Any]:
     refresh = refreshes(run_dir)
     downtime = {p: sum(s for _, _, s in refresh.get(p, [])) for p in pools}
     final = evals[-1] if evals else {}
-    links = run_dir / "links.json"
+    links, cgroups = run_dir / "links.json", run_dir / "cgroups.json"
     return {
         "setting": setting, "run_dir": str(run_dir),
         "iterations": len(steps), "steady_from": first,
@@ -187,6 +190,7 @@ def collect(run_dir: Path, setting: str) -> dict[str, Any]:
         "accuracy": [(e.get("version"), e.get("accuracy")) for e in evals],
         "final_accuracy": final.get("accuracy"),
         "links": json.loads(links.read_text()) if links.exists() else {},
+        "cgroups": json.loads(cgroups.read_text()) if cgroups.exists() else {},
     }  # fmt: skip
 
 
@@ -391,6 +395,12 @@ def report(runs: dict[str, list[dict[str, Any]]], transfer: dict[str, Any], link
         for r in runs[s]:
             print(f"{s} seed {r['seed']}: " + ", ".join(
                 f"{p} {v:.1f}" for p, v in sorted(r["tokens_per_s"].items())))  # fmt: skip
+    print("\n== CPU quotas: share of 100 ms periods throttled per node ==")
+    for s in runs:
+        for r in runs[s]:
+            print(f"{s} seed {r['seed']}: " + ", ".join(
+                f"{n} {c['nr_throttled'] / max(1, c['nr_periods']):.0%}"
+                for n, c in sorted(r["cgroups"].items())))  # fmt: skip
     print("\n== trainer wait per iteration (s) ==")
     print(f"baseline {_spread(waits['baseline'])}  cross {_spread(waits['cross'])}  "
           f"ratio {_spread(ratios)}")  # fmt: skip
@@ -411,12 +421,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, tiny model, few steps")
     parser.add_argument("--seeds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=200)
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--hidden", type=int, default=192)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=3e-5)
+    parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--eval-size", type=int, default=200)
+    parser.add_argument("--capacity", type=int, default=2, help="tasks per node at once")
     parser.add_argument("--replay", type=int, default=6, help="versions replayed over the link")
     parser.add_argument("--out", default="runs/cross_region")
     args = parser.parse_args()

@@ -67,6 +67,17 @@ class CpuQuotas:
         log.info("cgroup %s: %.2f CPUs", path, cpus)
         return path
 
+    def stats(self) -> dict[str, dict[str, int]]:
+        """``cpu.stat`` of every cgroup made (periods, periods throttled, ns throttled)."""
+        out = {}
+        for path in self._made:
+            try:
+                text = (path / "cpu.stat").read_text()
+            except OSError:
+                continue
+            out[path.name] = {k: int(v) for k, v in (line.split() for line in text.splitlines())}
+        return out
+
     def close(self) -> None:
         """Remove every cgroup made (their processes must have ended)."""
         for path in reversed(self._made):

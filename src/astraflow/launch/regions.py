@@ -10,7 +10,8 @@ For each pool of the run config::
     relay       a ``astraflow weights relay`` process pulls through the link into
                 ``<run_dir>/relays/<pool>``; the pool's nodes pull weights from it instead
 
-At the end the bytes each link carried are written to ``<run_dir>/links.json``.
+At the end the bytes each link carried go to ``<run_dir>/links.json``, and each quota's
+``cpu.stat`` (periods throttled) to ``<run_dir>/cgroups.json``.
 """
 
 from __future__ import annotations
@@ -125,4 +126,6 @@ class Regions:
             link.close()
         self.links.clear()
         if self._quotas is not None:
+            stats = self._quotas.stats()
+            (run_dir / "cgroups.json").write_text(json.dumps(stats, indent=2) + "\n")
             self._quotas.close()
