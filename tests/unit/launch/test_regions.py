@@ -3,6 +3,7 @@ under (a real cgroup v1, when this machine lets us make one), and the error with
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -13,8 +14,11 @@ import pytest
 from astraflow.errors import ConfigError
 from astraflow.launch.cgroups import CPU_ROOT, CpuQuotas, check_cpu_cgroups, move_to_cgroup
 from astraflow.launch.config import PoolSection
+from astraflow.launch.plan import make_plan, node_config
 from astraflow.launch.processes import Proc
+from astraflow.launch.regions import Regions
 from astraflow.link import LinkConfig
+from fixtures.launch import reduced_quickstart
 
 
 def _cgroups_usable() -> bool:
@@ -76,3 +80,33 @@ def test_a_slowed_node_process_gets_its_cpu_quota(tmp_path: Path) -> None:
     # however loaded the machine is
     assert cpu <= 0.25 + 0.15 and int(stat["nr_throttled"]) >= 1
     assert not quotas.base.exists()
+
+
+def test_remote_pool_nodes_get_the_link_and_relay_urls(tmp_path: Path) -> None:
+    link = "{delay_ms: 20, rate_mbit: 50}"
+    config = reduced_quickstart(
+        tmp_path / "run",
+        f"pools=[{{name: local}}, {{name: far, link: {link}, relay: true}}, "
+        f"{{name: near, link: {link}}}]",
+    )
+    plan = make_plan(config, port=8700)
+    regions = Regions(config)
+    assert regions.remote  # so the weight store is served over HTTP
+    relayed = regions.open_links(plan.dataflow_url, "http://127.0.0.1:8020")
+    try:
+        assert [p.name for p in relayed] == ["far"]
+        regions.relays["far"] = "http://127.0.0.1:8021"
+        pools = {p.name: p for p in config.pools}
+        urls = {}
+        for name in ("local", "far", "near"):
+            cfg = regions.node_urls(pools[name], node_config(plan, pools[name], weights="W"))
+            urls[name] = (cfg.dataflow_url, cfg.weights)
+    finally:
+        regions.close(tmp_path)
+    assert urls["local"] == (plan.dataflow_url, "W")
+    far_link = urls["far"][0]
+    assert far_link != plan.dataflow_url and urls["far"][1] == "http://127.0.0.1:8021"
+    assert urls["near"][0] not in (plan.dataflow_url, far_link)  # a link per pool
+    assert urls["near"][1].startswith("http://127.0.0.1:") and urls["near"][1] != "W"
+    carried = json.loads((tmp_path / "links.json").read_text())
+    assert set(carried) == {"far", "near"} and carried["far"]["config"]["delay_ms"] == 20
