@@ -312,7 +312,8 @@ def plot(out: Path, runs: dict[str, list[dict[str, Any]]], transfer: dict[str, A
           ylabel="samples in the batch")  # fmt: skip
     a.legend()
     vs = [r["version"] for r in transfer["versions"]]
-    b.plot(vs, [r["full"]["s"] for r in transfer["versions"]], "s-", label="full, direct")
+    b.plot(vs, [r["full"]["s"] for r in transfer["versions"]], "s-",
+           label="no weights yet (full + chain), direct")  # fmt: skip
     b.plot(vs, [r["delta"]["s"] for r in transfer["versions"]], "o-", label="delta, direct")
     for nodes in (1, 4):
         rows = [r for r in transfer["relay"] if r["nodes"] == nodes]
@@ -325,17 +326,20 @@ def plot(out: Path, runs: dict[str, list[dict[str, Any]]], transfer: dict[str, A
     b.set(title="(b) weight transfer per link and version", xlabel="version", ylabel="seconds",
           yscale="log")  # fmt: skip
     b.legend(fontsize=7)
+    start = max(base["steady_from"], cross["steady_from"])  # after every node started
     for run, style in ((base, "--"), (cross, "-")):
         waits = run["trainer_wait_s"]
-        c.plot(range(1, len(waits) + 1), waits, style, label=f"trainer wait, {run['setting']}")
+        xs = list(range(start, len(waits) + 1))
+        c.plot(xs, [waits[x - 1] for x in xs], style, label=f"trainer wait, {run['setting']}")
         per_version: dict[int, float] = defaultdict(float)
         for rows in run["rollout_refresh_s"].values():
             for _, to, s in rows:
                 per_version[to] += s / len(run["rollout_refresh_s"])
-        xs = sorted(per_version)
+        xs = [x for x in sorted(per_version) if x >= start]
         c.plot(xs, [per_version[x] for x in xs], style, alpha=0.6,
                label=f"rollout refresh per node, {run['setting']}")  # fmt: skip
-    c.set(title="(c) downtime per iteration", xlabel="trainer iteration", ylabel="seconds")
+    c.set(title=f"(c) downtime per iteration (from {start}: every node up)",
+          xlabel="trainer iteration", ylabel="seconds")  # fmt: skip
     c.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "panels.png", dpi=110)
@@ -430,7 +434,12 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=2, help="tasks per node at once")
     parser.add_argument("--replay", type=int, default=6, help="versions replayed over the link")
     parser.add_argument("--out", default="runs/cross_region")
+    parser.add_argument("--replot", metavar="SUMMARY", help="redraw the PNGs of a summary.json")
     args = parser.parse_args()
+    if args.replot:
+        done = json.loads(Path(args.replot).read_text())
+        plot(Path(args.replot).parent, done["runs"], done["transfer"])
+        return
     if args.quick:
         args.seeds, args.steps, args.warmup = 1, 20, 100
         args.hidden, args.layers, args.eval_size, args.replay = 64, 2, 50, 4
