@@ -421,6 +421,51 @@ def report(runs: dict[str, list[dict[str, Any]]], transfer: dict[str, Any], link
     return summary
 
 
+def large_transfer(out: Path, lr: float, versions: int = 4) -> dict[str, Any]:
+    """The transfer panel at the 33.6M-parameter scale (Llama 512 x 8 layers, vocab 8192, bf16):
+    real Adam steps (fp32 master, batch 128 x 8 tokens) timed as the iteration T, each version
+    published full and as a delta, the link scaled from T as in the runs, then replayed."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from astraflow.weights import WeightStore, WeightStoreConfig
+
+    cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1536,
+                      num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                      max_position_embeddings=64, tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    ids = torch.randint(0, 8192, (128, 8), generator=torch.Generator().manual_seed(1))
+    root = out / "large"
+    steps_s = []
+    with WeightStore(root / "weights", WeightStoreConfig(full_every=1, keep=versions + 1)) as st:
+        st.publish("policy", 0, model.state_dict(), dtype=torch.bfloat16).result()
+        for v in range(1, versions + 1):
+            started = time.perf_counter()
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            steps_s.append(time.perf_counter() - started)
+            st.publish("policy", v, model.state_dict(), dtype=torch.bfloat16).result()
+    t = statistics.median(steps_s)
+    full = full_bytes(root)
+    link = scaled_link({"iteration_s": t}, full)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"large: {params / 1e6:.1f}M params, step {t:.2f} s, full {full / 1e6:.1f} MB -> "
+          f"rate {link.rate_mbit} Mbit/s, RTT {2 * link.delay_ms} ms", flush=True)  # fmt: skip
+    fidelity = measure(link)
+    print(fidelity.table(), flush=True)
+    result = replay(root, link, versions - 1)
+    result |= {"params": params, "iteration_s": t, "link": json.loads(link.model_dump_json()),
+               "link_errors": fidelity.errors(), "lr": lr}  # fmt: skip
+    rb = [r["wan_bytes"] for r in result["relay"]]
+    print(f"large: full {result['full_s']:.2f} s, delta {result['delta_s']:.2f} s: "
+          f"{result['delta_speedup']:.1f}x (delta file {result['delta_file_fraction']:.1%} of "
+          f"full); relay WAN bytes per version {rb}", flush=True)  # fmt: skip
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 seed, tiny model, few steps")
@@ -435,10 +480,19 @@ def main() -> None:
     parser.add_argument("--replay", type=int, default=6, help="versions replayed over the link")
     parser.add_argument("--out", default="runs/cross_region")
     parser.add_argument("--replot", metavar="SUMMARY", help="redraw the PNGs of a summary.json")
+    parser.add_argument(
+        "--large-only", type=float, metavar="LR",
+        help="only the 33.6M-parameter transfer replay, after Adam steps at this lr",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.replot:
         done = json.loads(Path(args.replot).read_text())
         plot(Path(args.replot).parent, done["runs"], done["transfer"])
+        return
+    if args.large_only:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        large = large_transfer(Path(args.out), args.large_only)
+        (Path(args.out) / "large.json").write_text(json.dumps(large, indent=1) + "\n")
         return
     if args.quick:
         args.seeds, args.steps, args.warmup = 1, 20, 100
