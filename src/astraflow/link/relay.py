@@ -142,6 +142,7 @@ class Link:
         self._thread: threading.Thread | None = None
         self._servers: list[asyncio.Server] = []
         self._closed = asyncio.Event()
+        self._urls: dict[str, str] | None = None
 
     @staticmethod
     def _name(fw: Forward) -> str:
@@ -159,8 +160,6 @@ class Link:
         link = cls(config, forwards)
         link._urls = dict(urls)
         return link
-
-    _urls: dict[str, str] | None = None
 
     def url(self, name: str) -> str:
         """The URL that reaches the named upstream URL through the link (after ``start``)."""
