@@ -77,7 +77,8 @@ def run_config(
                                 "speed": speed}  # fmt: skip
         if remote:
             assert link is not None
-            pool |= {"link": json.loads(link.model_dump_json()), "relay": True}
+            pool |= {"link": json.loads(link.model_dump_json()), "relay": True,
+                     "policies": {"policy": {"refresh": args.remote_refresh}}}  # fmt: skip
         pools.append(pool)
     data = {
         "run_dir": str(run_dir), "seed": seed, "serve_weights": True,
@@ -477,6 +478,11 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--capacity", type=int, default=2, help="tasks per node at once")
+    parser.add_argument(
+        "--remote-refresh", choices=("lazy", "eager"), default="lazy",
+        help="remote pools refresh weights only when the staleness bound asks (lazy) or at "
+        "every version (eager: a refresh per version can cost them more than an iteration)",
+    )  # fmt: skip
     parser.add_argument("--replay", type=int, default=6, help="versions replayed over the link")
     parser.add_argument("--out", default="runs/cross_region")
     parser.add_argument("--replot", metavar="SUMMARY", help="redraw the PNGs of a summary.json")
