@@ -235,9 +235,14 @@ class Link:
             self.cut()
 
     def cut(self) -> None:
-        """Cut every open connection (as a broken path does); new ones are accepted."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._abort_all)
+        """Cut every open connection (as a broken path does); new ones are accepted. Returns
+        once they are cut (a connection made after it is never caught by it)."""
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._cut(), loop).result(timeout=30)
+
+    async def _cut(self) -> None:
+        self._abort_all()
 
     def _abort_all(self) -> None:
         for writer in list(self._writers):

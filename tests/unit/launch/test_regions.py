@@ -70,15 +70,18 @@ def test_a_slowed_node_process_gets_its_cpu_quota(tmp_path: Path) -> None:
             time.sleep(0.02)
         assert proc.pid is not None
         move_to_cgroup(cgroup, proc.pid)
+        member = Path(f"/proc/{proc.pid}/cgroup").read_text()
         go.touch()
         assert proc.wait(30) == 0
         cpu = float(out.read_text())
         stat = dict(line.split() for line in (cgroup / "cpu.stat").read_text().splitlines())
     finally:
         quotas.close()
-    # the quota caps the spin at 0.25 CPU-s per wall second (one 100 ms period of slack),
-    # however loaded the machine is
-    assert cpu <= 0.25 + 0.15 and int(stat["nr_throttled"]) >= 1
+    # the process runs in its cgroup, under the quota's periods; the quota caps the spin at
+    # 0.25 CPU-s per wall second (one 100 ms period of slack), however loaded the machine
+    # is (on a busy machine it may get less, and is then never throttled)
+    assert f"/astraflow/test-{os.getpid()}/spinner" in member
+    assert cpu <= 0.25 + 0.15 and int(stat["nr_periods"]) >= 1
     assert not quotas.base.exists()
 
 
