@@ -479,7 +479,7 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--capacity", type=int, default=2, help="tasks per node at once")
     parser.add_argument(
-        "--remote-refresh", choices=("lazy", "eager"), default="lazy",
+        "--remote-refresh", choices=("lazy", "eager"), default="eager",
         help="remote pools refresh weights only when the staleness bound asks (lazy) or at "
         "every version (eager: a refresh per version can cost them more than an iteration)",
     )  # fmt: skip
