@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     "eval",
     "export",
     "pool",
+    "mcp",
     "config",
     "env",
     "link",
