@@ -119,8 +119,12 @@ def build_server(maintainer: Maintainer) -> MCPServer:
     server: MCPServer = MCPServer(
         "astraflow", instructions=INSTRUCTIONS, version=__version__, log_level="WARNING"
     )
-    m = maintainer
+    _add_tools(server, maintainer)
+    _add_resources(server, maintainer)
+    return server
 
+
+def _add_tools(server: MCPServer, m: Maintainer) -> None:
     @server.tool()
     async def report() -> dict[str, Any]:
         """The dataflow report: tasks, pools (nodes, desired, target), trainers (waiting
@@ -162,6 +166,8 @@ def build_server(maintainer: Maintainer) -> MCPServer:
         await _call(m.report, "reading the report")
         return {"decisions": m.decisions.recent(limit, pool)}
 
+
+def _add_resources(server: MCPServer, m: Maintainer) -> None:
     @server.resource("astraflow://report", mime_type="application/json")
     async def report_resource() -> str:
         """The dataflow report as JSON."""
@@ -178,5 +184,3 @@ def build_server(maintainer: Maintainer) -> MCPServer:
     async def decisions_resource() -> str:
         """The latest 100 sizing decisions as JSON."""
         return json.dumps({"decisions": m.decisions.recent(100)})
-
-    return server
