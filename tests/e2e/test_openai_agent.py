@@ -43,6 +43,11 @@ def test_reduced_openai_agent_example_trains(tmp_path: Path) -> None:
     metrics = [json.loads(x) for x in lines(run_dir / "trainers/policy/metrics.jsonl")]
     assert [int(m["version"]) for m in metrics] == list(range(1, steps + 1))
     assert all(0.0 <= m["reward_mean"] <= 1.0 for m in metrics)
+    # step 1 trains on version-0 samples only: the logprobs the endpoint captured are the
+    # trainer's own, token for token (re-tokenised text would move these ratios)
+    first = metrics[0]
+    assert abs(first["is_ratio_mean"] - 1.0) < 1e-3, first
+    assert first["is_ratio_max"] < 1.01 and first["is_ratio_min"] > 0.99, first
     node_logs = "".join(p.read_text() for p in (run_dir / "logs").glob("node-*.log"))
     assert "agent endpoint serving" in node_logs
     assert "task failed" not in node_logs

@@ -3,9 +3,11 @@
 ``entry: package.module:function`` names ``async def run(task: dict, client, **kw)`` returning
 a reward (float) or ``{"reward": float, **metrics}``. For every episode (``group_size`` per
 task) the node's OpenAI-compatible endpoint opens a session with its own API key; the agent
-gets a client bound to it (``openai.AsyncOpenAI``, or the base URL with ``client: base_url``)
-and, when its signature asks for them, ``model`` (the first policy's name), ``tools`` (name ->
-``async (str) -> str``) and the config's ``kwargs``. Every call is recorded token-exactly
+gets a client bound to it (``openai.AsyncOpenAI``, or the base URL with ``client: base_url``;
+every episode's SDK client shares the node's one HTTP client, ``transport: in_process`` by
+default: calls go straight into the endpoint's app, no sockets) and, when its signature asks
+for them, ``model`` (the first policy's name), ``tools`` (name -> ``async (str) -> str``) and
+the config's ``kwargs``. Every call is recorded token-exactly
 (``workflows.capture``); the episode's segments become samples, all in the task's group.
 
     task ─► gateway.open(policies) ─► run(task, client) ─► reward
@@ -68,7 +70,11 @@ class AgentConfig(ConfigModel):
     tool_parser: Literal["hermes"] = "hermes"
     """How tool calls are read from generated text (hermes: <tool_call>{json}</tool_call>)."""
     request_timeout_s: float = Field(default=600.0, gt=0)
-    """Timeout of the client's requests."""
+    """Timeout of the client's requests (over ``loopback``)."""
+    transport: Literal["in_process", "loopback"] = "in_process"
+    """How the ``openai`` client reaches the node's endpoint: straight into its app in this
+    process (no sockets: the cheapest path), or HTTP over loopback; both share one pooled
+    HTTP client per node instead of one per episode."""
 
 
 @dataclass
@@ -94,6 +100,10 @@ class AgentGateway(Protocol):
 
     def close(self, session: AgentSession) -> None:
         """Revoke the session's key (later requests get 401)."""
+        ...
+
+    def http_client(self, transport: Literal["in_process", "loopback"]) -> Any:
+        """The shared HTTP client SDK clients reach the gateway with (closed with it)."""
         ...
 
 
@@ -207,7 +217,7 @@ class AgentWorkflow:
         client: Any = session.base_url
         try:
             if self.config.client == "openai":
-                client = _openai_client(session, self.config.request_timeout_s)
+                client = _openai_client(session, self.config, self._gateway)
             extra: dict[str, Any] = dict(self.config.kwargs)
             if _accepts(self.fn, "model"):
                 extra.setdefault("model", self.config.policies[0])
@@ -218,9 +228,7 @@ class AgentWorkflow:
         except Exception as exc:  # the agent's failure is the task's failure
             raise WorkflowError(f"agent {self.config.entry} raised {exc!r}") from exc
         finally:
-            self._gateway.close(session)
-            if not isinstance(client, str):
-                await client.close()
+            self._gateway.close(session)  # the shared HTTP client stays open for the next
         reward, metrics = reward_of(result)
         recorder = session.recorder
         if recorder.calls == 0:
@@ -229,7 +237,7 @@ class AgentWorkflow:
         return recorder.samples(task, reward, group_id=task.task_id, meta=meta)
 
 
-def _openai_client(session: AgentSession, timeout_s: float) -> Any:
+def _openai_client(session: AgentSession, config: AgentConfig, gateway: AgentGateway) -> Any:
     try:
         import openai
     except ImportError as exc:
@@ -237,5 +245,9 @@ def _openai_client(session: AgentSession, timeout_s: float) -> Any:
             "the agent workflow needs the 'openai' package: pip install openai"
         ) from exc
     return openai.AsyncOpenAI(
-        base_url=session.base_url, api_key=session.api_key, max_retries=0, timeout=timeout_s
+        base_url=session.base_url,
+        api_key=session.api_key,
+        max_retries=0,
+        timeout=config.request_timeout_s,
+        http_client=gateway.http_client(config.transport),
     )

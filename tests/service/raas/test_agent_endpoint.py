@@ -71,12 +71,13 @@ def _task(task_id: str, group_size: int = 1, **payload: Any) -> Task:
     return Task(task_id=task_id, workflow="agent", payload=payload, group_size=group_size)
 
 
+@pytest.mark.parametrize("transport", ["in_process", "loopback"])
 async def test_sdk_agent_with_tool_calls_is_trained_on_exact_tokens(
-    endpoint: AgentEndpoint,
+    endpoint: AgentEndpoint, transport: str
 ) -> None:
     policy = TinyPolicy("policy", script=_tool_script)
-    wf = _workflow(endpoint, "fixtures.agents:tool_agent")
-    task = _task("t-tools", prompt="where is x?", answer="42")
+    wf = _workflow(endpoint, "fixtures.agents:tool_agent", transport=transport)
+    task = _task(f"t-tools-{transport}", prompt="where is x?", answer="42")
     samples = await wf(task, {"policy": policy}, {})
     assert len(samples) == 1, "an append-only template keeps the episode in one stream"
     sample = samples[0]
@@ -85,13 +86,18 @@ async def test_sdk_agent_with_tool_calls_is_trained_on_exact_tokens(
     matched = check_accounting(sample, policy)  # every trained run: a generation, bit for bit
     assert matched == policy.generations and len(matched) == 4
     # context tokens are the chat template's rendering of what the agent sent
-    last_request = agents.TRANSCRIPTS["t-tools/"][-1]
+    last_request = agents.TRANSCRIPTS[f"t-tools-{transport}/"][-1]
     rendered = ChatFormat(policy.tokenizer).render(last_request, agents.TOOLS)
     context = policy.tokenizer.encode(rendered, add_special_tokens=False)
     last = matched[-1]
     assert sample.token_ids.tolist() == context + last.token_ids.tolist()
     tool_texts = [m["content"] for m in last_request if m["role"] == "tool"]
     assert tool_texts == ["found 1q", "found 2q", "found 3q"]
+    # every episode's SDK client went through the node's one shared HTTP client
+    shared = endpoint.http_client(transport)  # type: ignore[arg-type]
+    assert endpoint.http_client(transport) is shared and not shared.is_closed  # type: ignore[arg-type]
+    await endpoint.stop()
+    assert shared.is_closed, "the endpoint closes its shared clients when it stops"
 
 
 async def test_node_engine_tokens_and_logprobs_are_captured_bit_for_bit(
@@ -188,7 +194,8 @@ async def test_agent_that_raises_fails_the_task(endpoint: AgentEndpoint) -> None
     assert endpoint.metrics()["sessions"] == 0
 
 
-async def test_bad_requests_get_openai_errors(endpoint: AgentEndpoint) -> None:
+@pytest.mark.parametrize("transport", ["in_process", "loopback"])
+async def test_bad_requests_get_openai_errors(endpoint: AgentEndpoint, transport: str) -> None:
     import openai
 
     policy = TinyPolicy("policy")
@@ -196,7 +203,12 @@ async def test_bad_requests_get_openai_errors(endpoint: AgentEndpoint) -> None:
     session = endpoint.open(
         AgentSession("", {"policy": policy}, {"policy": ChatFormat(policy.tokenizer)}, cfg)
     )
-    client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    # in process: the shared client the agent workflow gives its agents; loopback: an agent's
+    # own SDK client over HTTP
+    http = endpoint.http_client("in_process") if transport == "in_process" else None
+    client = openai.AsyncOpenAI(
+        base_url=session.base_url, api_key=session.api_key, max_retries=0, http_client=http
+    )
     hi = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.NotFoundError) as nf:
         await client.chat.completions.create(model="judge", messages=hi, max_tokens=2)

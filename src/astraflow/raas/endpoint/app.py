@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from astraflow.errors import ServiceUnavailableError
+from astraflow.raas.endpoint.clients import Transport, sdk_http_client
 from astraflow.raas.endpoint.service import chat_completion, list_models, text_completion
 from astraflow.raas.endpoint.wire import ChatRequest, CompletionRequest, EndpointError
 from astraflow.workflows.agent import AgentSession
@@ -61,6 +62,7 @@ class AgentEndpoint:
         self._sessions: dict[str, AgentSession] = {}
         self._server: uvicorn.Server | None = None
         self._serving: asyncio.Task[None] | None = None
+        self._clients: dict[Transport, Any] = {}
         self.requests = 0
         self.errors = 0
         self._totals = {"episodes": 0, "calls": 0, "continued": 0, "segments": 0, "breaks": 0}
@@ -88,6 +90,15 @@ class AgentEndpoint:
         session.base_url = f"{self.url}/e/{key}/v1"
         self._sessions[key] = session
         return session
+
+    def http_client(self, transport: Transport) -> Any:
+        """The node's shared SDK HTTP client for ``transport`` (see ``endpoint.clients``)."""
+        if not self.url:
+            raise ServiceUnavailableError("the agent endpoint is not serving")
+        client = self._clients.get(transport)
+        if client is None or client.is_closed:
+            client = self._clients[transport] = sdk_http_client(transport, self.app)
+        return client
 
     def close(self, session: AgentSession) -> None:
         """Revoke the session's key and add its capture figures to the node's totals."""
@@ -152,8 +163,11 @@ class AgentEndpoint:
         return self.url
 
     async def stop(self) -> None:
-        """Stop serving (idempotent); open sessions are dropped."""
+        """Stop serving (idempotent); open sessions are dropped, shared clients closed."""
         self._sessions.clear()
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
             await asyncio.gather(self._serving, return_exceptions=True)

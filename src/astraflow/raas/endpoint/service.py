@@ -89,7 +89,12 @@ def _strip_stop(text: str, stops: Sequence[str]) -> str:
 
 
 def _decoder(handle: PolicyHandle) -> Any:
+    """Token ids -> text with special tokens kept (the Rust tokenizer itself when there is
+    one: the same text without the Python wrapper's cost)."""
     tok = handle.tokenizer
+    backend = getattr(tok, "backend_tokenizer", None) if getattr(tok, "is_fast", False) else None
+    if backend is not None:
+        return lambda ids: str(backend.decode(ids, skip_special_tokens=False))
 
     def decode(ids: list[int]) -> str:
         return str(tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
@@ -97,15 +102,16 @@ def _decoder(handle: PolicyHandle) -> Any:
     return decode
 
 
-def _reply_text(handle: PolicyHandle, gen: Generation, stops: Sequence[str]) -> str:
+def _reply_text(
+    handle: PolicyHandle, gen: Generation, stops: Sequence[str], decode: Any = None
+) -> str:
     """The generated text the agent reads: special tokens kept (so the text renders back to
     the same tokens), the final end-of-turn token and a final stop string removed."""
     ids = gen.token_ids.tolist()
     tok = handle.tokenizer
-    if ids and gen.finish_reason == "stop" and ids[-1] in set(tok.all_special_ids):
+    if ids and gen.finish_reason == "stop" and ids[-1] in tok.all_special_ids:
         ids = ids[:-1]
-    text = str(tok.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False))
-    return _strip_stop(text, stops)
+    return _strip_stop((decode or _decoder(handle))(ids), stops)
 
 
 def _finish(gen: Generation, reply: ParsedReply) -> str:
@@ -147,16 +153,12 @@ async def chat_completion(session: AgentSession, req: ChatRequest) -> dict[str, 
     gens = await _generate(handle, prepared, _sampling(req, budget), req.n)
     parse = req.tools and req.tool_choice != "none"
     stops = req.stop_strings()
+    decode = _decoder(handle)
     replies: list[ParsedReply] = []
     for gen in gens:
-        body = _reply_text(handle, gen, stops)
+        body = _reply_text(handle, gen, stops, decode)
         replies.append(fmt.parse(body) if parse else ParsedReply(body or None))
-    recorder.commit(
-        prepared,
-        gens,
-        [normalize_messages([_message(r)])[0] for r in replies],
-        _decoder(handle),
-    )
+    recorder.commit(prepared, gens, [normalize_messages([_message(r)])[0] for r in replies], decode)
     choices = []
     for i, (gen, reply) in enumerate(zip(gens, replies, strict=True)):
         choice: dict[str, Any] = {
@@ -199,7 +201,8 @@ async def text_completion(session: AgentSession, req: CompletionRequest) -> dict
             raise EndpointError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
         prepared = recorder.prepare(req.model, handle.tokenizer, ids=req.prompt)
     gens = await _generate(handle, prepared, _sampling(req, budget), req.n)
-    recorder.commit(prepared, gens, [None] * len(gens), _decoder(handle))
+    decode = _decoder(handle)
+    recorder.commit(prepared, gens, [None] * len(gens), decode)
     stops = req.stop_strings()
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -210,7 +213,7 @@ async def text_completion(session: AgentSession, req: CompletionRequest) -> dict
         "choices": [
             {
                 "index": i,
-                "text": _reply_text(handle, gen, stops),
+                "text": _reply_text(handle, gen, stops, decode),
                 "finish_reason": "length" if gen.finish_reason == "length" else "stop",
                 "logprobs": None,
             }

@@ -2,9 +2,12 @@
 
 Workflows call ``generate`` from the event loop at any time; the requests queue up here.
 The thread takes the first one, keeps collecting for ``batch_wait_s`` (or until
-``max_batch_size``), then runs the batch. Weight changes (``call``) queue on the same
-thread, so they run *between* batches, never inside one, and every token of a batch comes
-from one weight version.
+``max_batch_size``), then runs the batch. With ``batch_gap_s`` the window stretches while
+requests keep arriving less than that apart (to ``batch_max_wait_s`` at most): callers whose
+requests reach the queue one by one (agents over HTTP, each call parsed and rendered in
+turn) still share one batch instead of splitting it at an arbitrary point. Weight changes
+(``call``) queue on the same thread, so they run *between* batches, never inside one, and
+every token of a batch comes from one weight version.
 
     generate() ─┐                  ┌─► control jobs first (load / apply weights)
     generate() ─┼─► queue ─► thread ┤
@@ -65,10 +68,20 @@ class BatchingEngine(abc.ABC):
     resolving every ``Pending.future``) and may run setup on the thread via ``call``.
     """
 
-    def __init__(self, *, name: str, max_batch_size: int, batch_wait_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        max_batch_size: int,
+        batch_wait_s: float,
+        batch_gap_s: float = 0.0,
+        batch_max_wait_s: float = 1.0,
+    ) -> None:
         self._name = name
         self._max_batch = max_batch_size
         self._wait_s = batch_wait_s
+        self._gap_s = batch_gap_s
+        self._max_wait_s = max(batch_max_wait_s, batch_wait_s)
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._closed = threading.Event()
         self._lock = threading.Lock()  # no job can be queued behind the stop marker
@@ -173,10 +186,12 @@ class BatchingEngine(abc.ABC):
     def _collect(
         self, first: Pending, backlog: list[_Job]
     ) -> tuple[list[Pending], list[_Control], bool]:
-        """Gather requests for up to ``batch_wait_s``; controls met on the way run first."""
+        """Gather requests for ``batch_wait_s`` (stretched by each arrival to ``batch_gap_s``
+        after it, up to ``batch_max_wait_s``); controls met on the way run first."""
         batch: list[Pending] = [first]
         controls: list[_Control] = []
-        deadline = time.monotonic() + self._wait_s
+        opened = time.monotonic()
+        deadline = opened + max(self._wait_s, min(self._gap_s, self._max_wait_s))
         while len(batch) < self._max_batch:
             if backlog:
                 job: _Job = backlog.pop(0)
@@ -196,6 +211,9 @@ class BatchingEngine(abc.ABC):
                 controls.append(job)
             else:
                 batch.append(job)
+                if self._gap_s > 0:
+                    cap = opened + self._max_wait_s
+                    deadline = max(deadline, min(time.monotonic() + self._gap_s, cap))
         return batch, controls, False
 
     def _run_control(self, job: _Control) -> None:

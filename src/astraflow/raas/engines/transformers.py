@@ -62,6 +62,11 @@ class TransformersEngine(BatchingEngine):
         """Most requests decoded together in one batch."""
         batch_wait_ms: float = Field(default=2.0, ge=0.0)
         """How long the first request of a batch waits for others to join it."""
+        batch_gap_ms: float = Field(default=0.0, ge=0.0)
+        """Stretch that wait while requests keep arriving less than this apart (0: off; for
+        callers whose requests trickle in, e.g. agents through the OpenAI endpoint)."""
+        batch_max_wait_ms: float = Field(default=1000.0, ge=0.0)
+        """Longest a batch waits for stragglers when ``batch_gap_ms`` stretches the wait."""
         threads: int | None = Field(default=None, ge=1)
         """torch intra-op threads for this process (default: torch's choice)."""
 
@@ -84,6 +89,8 @@ class TransformersEngine(BatchingEngine):
             name=context.policy,
             max_batch_size=config.max_batch_size,
             batch_wait_s=config.batch_wait_ms / 1000.0,
+            batch_gap_s=config.batch_gap_ms / 1000.0,
+            batch_max_wait_s=config.batch_max_wait_ms / 1000.0,
         )
 
     @property
