@@ -305,26 +305,60 @@ class Trajectory:
         meta: Mapping[str, Any] | None = None,
     ) -> Sample:
         """The training sample for this trajectory's policy."""
-        info: dict[str, Any] = {
-            "turns": self.turns,
-            "workflow": task.workflow,
-            "source": task.source,
-            "rollout_s": round(time.monotonic() - self.started, 4),
-        }
-        if self.generations:
-            last = self.generations[-1]
-            info["finish_reason"] = last.finish_reason
-            info["temperature"] = last.temperature
-            info["gen_latency_s"] = round(sum(g.latency_s for g in self.generations), 4)
+        info = rollout_info(task, self.turns, self.generations, self.started)
         info.update(meta or {})
-        return Sample(
-            policy=self.policy.name,
-            task_id=task.task_id,
-            group_id=group_id or task.task_id,
-            token_ids=np.asarray(self.token_ids, dtype=np.int32),
-            loss_mask=np.asarray(self.loss_mask, dtype=np.uint8),
-            logprobs=np.asarray(self.logprobs, dtype=np.float32),
-            versions=np.asarray(self.versions, dtype=np.int32),
-            reward=float(reward),
-            meta=info,
-        )
+        return columns_sample(self.policy.name, task, group_id or task.task_id, self, reward, info)
+
+
+class TokenColumns(Protocol):
+    """The per-token columns a sample is built from (a trajectory, a captured stream)."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+    @property
+    def loss_mask(self) -> Sequence[int]: ...
+    @property
+    def logprobs(self) -> Sequence[float]: ...
+    @property
+    def versions(self) -> Sequence[int]: ...
+
+
+def rollout_info(
+    task: Task, turns: int, generations: Sequence[Generation], started: float
+) -> dict[str, Any]:
+    """A sample's common rollout meta: turns, workflow, source, rollout time and, when it
+    generated, the last finish reason and temperature and the summed generation latency."""
+    info: dict[str, Any] = {
+        "turns": turns,
+        "workflow": task.workflow,
+        "source": task.source,
+        "rollout_s": round(time.monotonic() - started, 4),
+    }
+    if generations:
+        last = generations[-1]
+        info["finish_reason"] = last.finish_reason
+        info["temperature"] = last.temperature
+        info["gen_latency_s"] = round(sum(g.latency_s for g in generations), 4)
+    return info
+
+
+def columns_sample(
+    policy: str,
+    task: Task,
+    group_id: str,
+    columns: TokenColumns,
+    reward: float,
+    meta: dict[str, Any],
+) -> Sample:
+    """The sample of ``policy`` for ``task`` with the given token columns, reward and meta."""
+    return Sample(
+        policy=policy,
+        task_id=task.task_id,
+        group_id=group_id,
+        token_ids=np.asarray(columns.token_ids, dtype=np.int32),
+        loss_mask=np.asarray(columns.loss_mask, dtype=np.uint8),
+        logprobs=np.asarray(columns.logprobs, dtype=np.float32),
+        versions=np.asarray(columns.versions, dtype=np.int32),
+        reward=float(reward),
+        meta=meta,
+    )

@@ -25,10 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from astraflow.records import NO_VERSION, Sample, Task
-from astraflow.workflows.api import Generation
+from astraflow.workflows.api import Generation, columns_sample, rollout_info
 from astraflow.workflows.chat_format import content_text
 
 __all__ = ["EpisodeRecorder", "Prepared", "normalize_messages"]
@@ -251,33 +249,15 @@ class EpisodeRecorder:
         per_policy: Mapping[str, int],
         meta: Mapping[str, Any] | None,
     ) -> Sample:
-        last = seg.gens[-1]
-        info: dict[str, Any] = {
-            "workflow": task.workflow,
-            "source": task.source,
-            "turns": seg.turns,
-            "segment": index,
-            "segments": per_policy[seg.policy],
-            "template_breaks": self.template_breaks,
-            "calls": self.calls,
-            "finish_reason": last.finish_reason,
-            "temperature": last.temperature,
-            "gen_latency_s": round(sum(g.latency_s for g in seg.gens), 4),
-            "rollout_s": round(time.monotonic() - self.started, 4),
-        }
-        info.update(meta or {})
-        s = seg.stream
-        return Sample(
-            policy=seg.policy,
-            task_id=task.task_id,
-            group_id=group_id,
-            token_ids=np.asarray(s.token_ids, dtype=np.int32),
-            loss_mask=np.asarray(s.loss_mask, dtype=np.uint8),
-            logprobs=np.asarray(s.logprobs, dtype=np.float32),
-            versions=np.asarray(s.versions, dtype=np.int32),
-            reward=float(reward),
-            meta=info,
+        info = rollout_info(task, seg.turns, seg.gens, self.started)
+        info.update(
+            segment=index,
+            segments=per_policy[seg.policy],
+            template_breaks=self.template_breaks,
+            calls=self.calls,
         )
+        info.update(meta or {})
+        return columns_sample(seg.policy, task, group_id, seg.stream, reward, info)
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
