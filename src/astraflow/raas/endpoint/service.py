@@ -131,10 +131,30 @@ def _logprobs(handle: PolicyHandle, gen: Generation) -> dict[str, Any]:
     return {"content": content}
 
 
-def _usage(prepared: Prepared, gens: Sequence[Generation]) -> dict[str, int]:
+def _reply(
+    prefix: str,
+    kind: str,
+    model: str,
+    prepared: Prepared,
+    gens: Sequence[Generation],
+    choices: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """An OpenAI completion object: id, kind, model, version fingerprint, choices, usage."""
     done = sum(int(g.token_ids.shape[0]) for g in gens)
     prompt = len(prepared.prompt_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"{model}@v{min(g.version for g in gens)}",
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt,
+            "completion_tokens": done,
+            "total_tokens": prompt + done,
+        },
+    }
 
 
 async def chat_completion(session: AgentSession, req: ChatRequest) -> dict[str, Any]:
@@ -168,15 +188,7 @@ async def chat_completion(session: AgentSession, req: ChatRequest) -> dict[str, 
             "logprobs": _logprobs(handle, gen) if req.logprobs else None,
         }
         choices.append(choice)
-    return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": req.model,
-        "system_fingerprint": f"{req.model}@v{min(g.version for g in gens)}",
-        "choices": choices,
-        "usage": _usage(prepared, gens),
-    }
+    return _reply("chatcmpl", "chat.completion", req.model, prepared, gens, choices)
 
 
 def _message(reply: ParsedReply) -> dict[str, Any]:
@@ -204,20 +216,13 @@ async def text_completion(session: AgentSession, req: CompletionRequest) -> dict
     decode = _decoder(handle)
     recorder.commit(prepared, gens, [None] * len(gens), decode)
     stops = req.stop_strings()
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": req.model,
-        "system_fingerprint": f"{req.model}@v{min(g.version for g in gens)}",
-        "choices": [
-            {
-                "index": i,
-                "text": _reply_text(handle, gen, stops, decode),
-                "finish_reason": "length" if gen.finish_reason == "length" else "stop",
-                "logprobs": None,
-            }
-            for i, gen in enumerate(gens)
-        ],
-        "usage": _usage(prepared, gens),
-    }
+    choices = [
+        {
+            "index": i,
+            "text": _reply_text(handle, gen, stops, decode),
+            "finish_reason": "length" if gen.finish_reason == "length" else "stop",
+            "logprobs": None,
+        }
+        for i, gen in enumerate(gens)
+    ]
+    return _reply("cmpl", "text_completion", req.model, prepared, gens, choices)
