@@ -263,13 +263,20 @@ class Link:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self.stats.connections[name] += 1
+        self._writers.add(writer)  # a cut while the upstream connects must reach it too
         try:
             up_reader, up_writer = await asyncio.open_connection(*fw.upstream)
         except OSError as exc:
             log.warning("link forward=%s upstream unreachable: %s", name, exc)
+            self._writers.discard(writer)
             writer.transport.abort()
             return
-        self._writers |= {writer, up_writer}
+        if self._down or writer.transport.is_closing():  # cut or taken down meanwhile
+            self._writers.discard(writer)
+            writer.transport.abort()
+            up_writer.transport.abort()
+            return
+        self._writers.add(up_writer)
         try:
             await asyncio.gather(
                 self._pipe(reader, up_writer, "up", name),
