@@ -419,12 +419,15 @@ class Buffers:
             policies.add(b.policy)
         return policies
 
-    def release(self, policy: str, trainer_id: str) -> int:
-        """The trainer takes again: it no longer holds its open batches of ``policy`` (it
-        restarted, or lost a reply), so they go back to the buffer now, not at their ack
-        deadline; returns how many. A trainer holds one batch at a time: take, step, ack."""
+    def release(self, policy: str, trainer_id: str, holding: Sequence[str] = ()) -> int:
+        """The trainer takes again: it no longer holds its open batches of ``policy`` but
+        those in ``holding`` (it restarted, or lost a reply), so they go back to the buffer
+        now, not at their ack deadline; returns how many. A trainer holds the batch it trains,
+        at most one prefetched and those whose ack is in flight; it names them."""
+        keep = set(holding)
         mine = [b for b in self.batches.values()
-                if b.policy == policy and b.trainer_id == trainer_id]  # fmt: skip
+                if b.policy == policy and b.trainer_id == trainer_id
+                and b.batch_id not in keep]  # fmt: skip
         for b in mine:
             self._rebuffer(b, "released (its trainer takes again)")
         return len(mine)

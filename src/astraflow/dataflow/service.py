@@ -313,7 +313,7 @@ class DataflowService:
         query = BatchQuery(req.policy, req.trainer_id, req.trainer_version, req.min_samples,
                            req.max_samples)  # fmt: skip
         with self._change():  # a trainer that takes again holds no earlier batch: free it now
-            self.buffers.release(req.policy, req.trainer_id)
+            self.buffers.release(req.policy, req.trainer_id, req.holding)
             taken = self.regulator.take(query, self.clock())
         if taken is None:
             return None

@@ -474,6 +474,9 @@ class TakeBatchRequest(Record):
     max_samples: int = Field(default=256, ge=1, le=MAX_WIRE_INT)
     timeout_s: float = Field(default=30.0, ge=0, le=600)
     """Long-poll: wait up to this long for ``min_samples`` to be available."""
+    holding: list[Id] = Field(default_factory=list, max_length=8)
+    """Batches this trainer took and has not acked yet (a prefetch, an ack in flight): kept
+    open; every other open batch of this trainer and policy goes back to the buffer."""
 
     _check_sizes = ordered_fields("min_samples", "max_samples")
 

@@ -1,16 +1,23 @@
-"""The trainer loop: take → loss → step → publish → announce → ack, and nothing else.
+"""The trainer loop: take → loss → step → publish → announce → ack, pipelined on rank 0.
 
-    ┌─► rank 0: take_batch(policy, trainer_version=v) ──(None: poll again)──┐
-    │   broadcast the batch (msgpack bytes) to every rank                   │
-    │   all ranks: loss → backward → optimizer step        (step.py)        │
-    │   all ranks: gather full state dict → rank 0: publish(v+1) → Future   │
-    │   all ranks: checkpoint v+1 if due (overlaps the publish's write)     │
-    │   rank 0: Future done → announce(v+1) → ack(batch)                    │
-    └──────────────────────── v = v+1; metrics ◄────────────────────────────┘
+    ┌─► rank 0: the prefetched batch (or take_batch now) ──(None: poll again)──┐
+    │   rank 0: start taking the next batch in the background (pipeline.py)   │
+    │   broadcast the batch (msgpack bytes) to every rank                       │
+    │   all ranks: loss → backward → optimizer step        (step.py)            │
+    │   all ranks: gather full state dict → rank 0: wait for the previous       │
+    │     version's publish, copy, hand write → announce → ack to the publisher │
+    │   all ranks: checkpoint v+1 if due (the ack waits for it)                 │
+    └──────────────────────── v = v+1; metrics ◄────────────────────────────────┘
 
-Start-up and resume (version 0, reconciling with the store) are in :meth:`Trainer.start`;
-the state itself in runtime.py. Versions only grow: a resumed trainer whose checkpoint is
-older than the store's latest version continues after that version (see docs/interfaces.md §3).
+The critical path holds only the take's wait (when the prefetch did not finish first), the
+step, the host copy of the new weights and, when the previous version's publish is slower
+than a step, the rest of it. A batch is acked after the version holding its update is written
+and announced (and checkpointed, when one is due); each step's timeline (``wait_s``,
+``compute_s``, ``publish_s`` on the critical path; ``publish_write_s``, ``announce_s``,
+``ack_s`` of the previous version, in the background) is in the metrics. Start-up and resume
+(version 0, reconciling with the store) are in :meth:`Trainer.start`; the state itself in
+runtime.py. Versions only grow: a resumed trainer whose checkpoint is older than the store's
+latest version continues after that version (see docs/interfaces.md §3).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from astraflow.trainer.backends.base import TrainBackend, build_backend
 from astraflow.trainer.config import TrainerConfig
 from astraflow.trainer.io import BatchSource, WeightSink, connect, publish_assets, retrying
 from astraflow.trainer.metrics import MetricsSink, build_sinks
+from astraflow.trainer.pipeline import Prefetcher, Publisher, PublishTimes
 from astraflow.trainer.runtime import Runtime, build_runtime
 
 __all__ = ["Trainer"]
@@ -65,6 +73,8 @@ class Trainer:
         self._rt: Runtime | None = None
         self._wait_s = 0.0
         self._unsaved = False  # updates published since the last checkpoint
+        self._prefetch = Prefetcher()
+        self._publisher = Publisher()
 
     @property
     def runtime(self) -> Runtime:
@@ -139,7 +149,11 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def run(self, stop: threading.Event | None = None) -> int:
-        """Train until ``stop`` is set or ``max_steps`` is reached; returns the last version."""
+        """Train until ``stop`` is set or ``max_steps`` is reached; returns the last version.
+
+        Raises:
+            PublishError: a version could not be published, announced or acked.
+        """
         rt = self.runtime
         stop = stop if stop is not None else threading.Event()
         while True:
@@ -148,27 +162,40 @@ class Trainer:
                 break
             if not isinstance(batch, Batch):
                 continue
+            self._prefetch_next(stop)
             stats = rt.update.run(batch.samples, rt.version)
-            publish_s = self._commit(batch, stop)
-            self._record(stats, publish_s)
+            publish_s, previous = self._commit(batch, stop)
+            self._record(stats, publish_s, previous)
+        if self.backend.rank == 0:
+            self._publisher.wait()  # the last version is written, announced, its batch acked
         if self._unsaved:
             rt.save()
             self._unsaved = False
         log.info("trainer stopped policy=%s version=%d", self.config.policy, rt.version)
         return rt.version
 
+    def _room(self, version: int) -> bool:
+        """A batch trained on ``version`` stays within ``max_steps``."""
+        limit = self.config.max_steps
+        return limit is None or version < limit
+
     def _take(self, stop: threading.Event) -> Batch | bytes | None:
-        """Rank 0 long-polls the dataflow; every rank gets the batch (or stop / nothing)."""
+        """Rank 0: the prefetched batch, else a long-poll now; every rank gets the batch (or
+        stop / nothing). A batch prefetched before a stop request is still trained."""
         rt = self.runtime
         batch: Batch | None = None
         payload = _STOP
         if self.backend.rank == 0:
-            limit = self.config.max_steps
-            if not stop.is_set() and (limit is None or rt.version < limit):
-                batch = self._poll(stop)
-                payload = _STOP if stop.is_set() and batch is None else _NONE
-                if batch is not None:
-                    payload = _BATCH + pack(batch) if self.backend.world_size > 1 else _BATCH
+            start = time.perf_counter()
+            if self._prefetch.in_flight:
+                batch = self._prefetch.result()
+            if batch is None and not stop.is_set() and self._room(rt.version):
+                batch = self._poll(stop, rt.version)
+            self._wait_s += time.perf_counter() - start
+            if batch is not None:
+                payload = _BATCH + pack(batch) if self.backend.world_size > 1 else _BATCH
+            elif not stop.is_set() and self._room(rt.version):
+                payload = _NONE
         data = self.backend.broadcast_bytes(payload if self.backend.rank == 0 else None)
         kind = data[:1]
         if kind == _STOP:
@@ -177,28 +204,33 @@ class Trainer:
             return None
         return batch if batch is not None else unpack(Batch, data[1:])
 
-    def _poll(self, stop: threading.Event) -> Batch | None:
+    def _prefetch_next(self, stop: threading.Event) -> None:
+        """Rank 0: take the batch of the next step while this one computes."""
+        version = self.runtime.version + 1  # the weights the next batch will be trained on
+        if self.backend.rank == 0 and not stop.is_set() and self._room(version):
+            self._prefetch.start(lambda: self._poll(stop, version))
+
+    def _poll(self, stop: threading.Event, version: int) -> Batch | None:
         dataflow = self.dataflow
         assert dataflow is not None
         cfg = self.config
         request = TakeBatchRequest(
             policy=cfg.policy,
             trainer_id=cfg.trainer_id,
-            trainer_version=self.runtime.version,
+            trainer_version=version,
             min_samples=cfg.batch.min_samples,
             max_samples=cfg.batch.max_samples,
             timeout_s=min(cfg.batch.take_timeout_s, _POLL_S),
+            holding=self._prefetch.holding(),
         )
-        start = time.perf_counter()
         try:
             batch = retrying(lambda: dataflow.take_batch(request), what="take_batch", stop=stop)
         except ConnectionError:
             if stop.is_set():
                 return None
             raise
-        finally:
-            self._wait_s += time.perf_counter() - start
         if batch is not None:
+            self._prefetch.taken(batch.batch_id)
             self._check(batch)
         return batch
 
@@ -214,27 +246,46 @@ class Trainer:
             for sample in batch.samples:
                 sample.check_vocab(int(vocab))
 
-    def _commit(self, batch: Batch, stop: threading.Event) -> float:
-        """Publish the new version, checkpoint if due, announce, ack; returns publish wait."""
+    def _commit(self, batch: Batch, stop: threading.Event) -> tuple[float, PublishTimes | None]:
+        """Hand the new version to the publisher, checkpoint if due.
+
+        Returns the seconds this took on the critical path (state dict, waiting for the
+        previous version's publish, host copy) and the previous version's background times.
+        """
         rt = self.runtime
         version = rt.version + 1
-        tensors = self.backend.full_state_dict(rt.model, rt.publish_dtype)
         start = time.perf_counter()
-        future = None
+        tensors = self.backend.full_state_dict(rt.model, rt.publish_dtype)
+        previous = written = None
         if self.backend.rank == 0:
             assert self.store is not None
-            future = self.store.publish(self.config.policy, version, tensors)
+            previous = self._publisher.wait()  # at most one publish in flight
+            written = self.store.publish(self.config.policy, version, tensors)  # host copy
         del tensors
+        publish_s = time.perf_counter() - start
         rt.version, rt.last_batch_id = version, batch.batch_id
         every = self.config.checkpoint.every
         self._unsaved = not (every and version % every == 0)
-        if not self._unsaved:
-            rt.save()
-        if future is not None:
-            future.result()
-            self._announce(version, stop, final=version == self.config.max_steps)
-            self._ack(batch.batch_id, stop)
-        return time.perf_counter() - start
+        saved, ok = threading.Event(), [False]  # a due checkpoint is written before the ack
+        if self.backend.rank == 0:
+            final = version == self.config.max_steps
+
+            def ack() -> None:
+                saved.wait()
+                if not ok[0]:
+                    raise RuntimeError(f"checkpoint of version {version} failed: not acked")
+                self._ack(batch.batch_id, stop)
+
+            self._publisher.submit(
+                version, written, lambda: self._announce(version, stop, final=final), ack
+            )
+        try:
+            if not self._unsaved:
+                rt.save()
+            ok[0] = True
+        finally:
+            saved.set()
+        return publish_s, previous
 
     def _publish_initial(self, rt: Runtime, version: int) -> None:
         """Publish assets and the initial weights as ``version``, announce, checkpoint."""
@@ -272,27 +323,37 @@ class Trainer:
             retrying(lambda: dataflow.ack(request), what="ack", stop=stop)
         except (NotFoundError, ConflictError) as exc:  # already acked before a crash
             log.info("ack batch=%s not needed: %s", batch_id, exc)
+        self._prefetch.acked(batch_id)
 
-    def _record(self, stats: dict[str, float], publish_s: float) -> None:
+    def _record(
+        self, stats: dict[str, float], publish_s: float, previous: PublishTimes | None
+    ) -> None:
         if self.backend.rank != 0:
             return
         record = {"version": float(self.runtime.version), "time": time.time()}
         record |= stats
         record["wait_s"], self._wait_s = self._wait_s, 0.0
+        record["compute_s"] = stats["step_s"]
         record["publish_s"] = publish_s
+        if previous is not None:  # the version before this one, finished in the background
+            record["publish_write_s"] = previous.write_s
+            record["announce_s"] = previous.announce_s
+            record["ack_s"] = previous.ack_s
         record["tokens_per_s"] = stats["tokens"] / max(stats["step_s"], 1e-9)
         for sink in self._sinks or ():
             sink.write(record)
         if self._on_step is not None:
             self._on_step(record)
         log.info(
-            "step policy=%s version=%d loss=%.4f reward=%.3f samples=%d wait_s=%.2f",
+            "step policy=%s version=%d loss=%.4f reward=%.3f samples=%d wait_s=%.2f batch=%s",
             self.config.policy, self.runtime.version, stats["loss"], stats["reward_mean"],
-            int(stats["samples"]), record["wait_s"],
+            int(stats["samples"]), record["wait_s"], self.runtime.last_batch_id,
         )  # fmt: skip
 
     def close(self) -> None:
         """Flush metrics, wait for pending publishes, release connections and the group."""
+        self._prefetch.close()
+        self._publisher.close()
         for sink in self._sinks or ():
             sink.close()
         if self.store is not None:
