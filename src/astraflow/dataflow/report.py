@@ -89,6 +89,11 @@ class WaitTracker:
         if began is not None:
             self._done.append((began, now))
 
+    def add(self, began: float, ended: float) -> None:
+        """A wait known only after it ended (a prefetch's, from the trainer's step end)."""
+        if ended > began:
+            self._done.append((began, ended))
+
     def fraction(self, now: float, since: float) -> float:
         """Waiting time in the window over the window's length (capped at 1)."""
         lo = max(since, now - self.window_s)

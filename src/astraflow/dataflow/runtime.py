@@ -138,7 +138,7 @@ class ServiceRuntime:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(req.timeout_s, self.max_take_timeout_s)
         s = self.service
-        handle = await self.call(s.wait_started, req.trainer_id, req.policy)
+        handle = await self.call(s.wait_started, req.trainer_id, req.policy, req.trainer_version)
         try:
             while True:
                 ev = self._event(req.policy)  # taken before trying: no wake-up is lost

@@ -115,6 +115,9 @@ class DataflowService:
             p: PolicyVersion(policy=p, version=v, manifest=m, created_at=t, final=f)
             for p, (v, m, t, f) in self.store.latest_versions().items()
         }
+        self._announced_at: dict[str, tuple[int, float]] = {}  # policy -> (version, when)
+        self._ahead: dict[int, tuple[int, float]] = {}  # prefetch wait -> (version, began)
+        self._ahead_next = 0
         self.pools = PoolSizing(self.store)
         self.regulator: Regulator = make_regulator(
             self.config, self.store, self.queue, self.buffers, self.latest
@@ -360,6 +363,7 @@ class DataflowService:
                     pv.policy, pv.version, pv.manifest, pv.created_at, final=pv.final
                 )
                 self.latest[pv.policy] = pv  # before the change ends: the regulator reads it
+                self._announced_at[pv.policy] = (pv.version, self.clock())
                 if pv.final:
                     self.regulator.retire(pv.policy)
         log.info("version announced policy=%s version=%d", pv.policy, pv.version)
@@ -372,15 +376,34 @@ class DataflowService:
 
     # ------------------------------------------------------------------ observability
 
-    def wait_started(self, trainer_id: str, policy: str) -> int:
-        """A take_batch call began waiting; returns a handle for :meth:`wait_ended`."""
+    def wait_started(self, trainer_id: str, policy: str, trainer_version: int = -1) -> int:
+        """A take_batch call began waiting; returns a handle for :meth:`wait_ended`.
+
+        A take for a version not announced yet is a prefetch: the trainer is still computing
+        the step that makes that version, so its wait counts only from that announcement.
+        """
         with self._lock:
-            return self.telemetry.trainer(trainer_id, policy).waits.start(self.clock())
+            latest = self.latest.get(policy)
+            waits = self.telemetry.trainer(trainer_id, policy).waits
+            if latest is None or trainer_version <= latest.version:
+                return waits.start(self.clock())
+            self._ahead_next -= 1  # negative handles: prefetches, outside the tracker
+            self._ahead[self._ahead_next] = (trainer_version, self.clock())
+            return self._ahead_next
 
     def wait_ended(self, trainer_id: str, policy: str, handle: int) -> None:
         """The take_batch call ``handle`` returned."""
         with self._lock:
-            self.telemetry.trainer(trainer_id, policy).waits.end(handle, self.clock())
+            now = self.clock()
+            waits = self.telemetry.trainer(trainer_id, policy).waits
+            ahead = self._ahead.pop(handle, None)
+            if ahead is None:
+                waits.end(handle, now)
+                return
+            version, began = ahead
+            at = self._announced_at.get(policy)
+            if at is not None and at[0] >= version:  # the step ended during the long-poll
+                waits.add(max(began, at[1]), now)
 
     def report(self) -> DataflowReport:
         """The pool report (one snapshot; ``/metrics`` renders the same)."""

@@ -46,7 +46,8 @@ def write_plots(run_dir: Path) -> list[Path]:
     reward_png = _save(plt, fig, run_dir / "reward.png")
 
     reports = JsonlTail(run_dir / "report.jsonl").read()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4))
+    _timeline(ax3, metrics, t0)
     if reports:
         r0 = reports[0]["time"]
         xs = [r["time"] - r0 for r in reports]
@@ -127,6 +128,27 @@ def _eval_series(recs: list[dict[str, Any]]) -> dict[str, str]:
             if ks:
                 out[f"{prefix}{metric}{max(ks)}"] = f"{metric}{max(ks)}{where}"
     return out
+
+
+#: The trainer step's phases (metrics.jsonl keys): on the critical path, then in the background.
+PHASES = (
+    ("wait_s", "wait for batch"),
+    ("compute_s", "compute"),
+    ("publish_s", "publish (blocking)"),
+    ("publish_write_s", "write (background)"),
+    ("announce_s", "announce (background)"),
+)
+
+
+def _timeline(ax: Any, metrics: dict[str, list[dict[str, Any]]], t0: float) -> None:
+    """Per-step seconds of each phase of every trainer (smoothed over 20 steps)."""
+    for policy, recs in metrics.items():
+        for key, label in PHASES:
+            rows = [r for r in recs if r.get(key) is not None]
+            if rows:
+                xs = [r["time"] - t0 for r in rows]
+                ax.plot(xs, _smooth([1000.0 * r[key] for r in rows]), label=f"{policy} {label}")
+    ax.set(xlabel="seconds since RL start", ylabel="ms per step", title="trainer step timeline")
 
 
 def _smooth(ys: list[float], window: int = 20) -> list[float]:

@@ -1,9 +1,15 @@
 """The in-process ``transformers`` engine (the default): CPU or GPU, batched, exact logprobs.
 
 Requests from every running workflow are batched on the engine thread
-(``engines.batching``) and decoded with a KV cache by ``engines.decoding``. Weight updates
-run on the same thread between batches: ``apply`` pulls from the weight store straight
-into the live model's ``state_dict()`` (its tensors share storage with the parameters).
+(``engines.batching``) and decoded with a KV cache by ``engines.decoding``. Weights are
+double-buffered: ``apply`` pulls the new version from the weight store into a second copy of
+the state dict on a worker thread while the engine keeps generating with the live one, then
+swaps it in on the engine thread between batches (a copy into the live ``state_dict()``,
+whose tensors share storage with the parameters). A refresh costs the engine only the swap;
+a failed pull leaves the live weights untouched.
+
+    apply(want): worker thread: pull have→want into the shadow copy (verified first)
+                 engine thread, between batches: live ← shadow; version = want
 
 The model is either the policy's own (``context.model``: built at construction, version
 0) or built from the weight store's assets at the first ``load`` in the published dtype.
@@ -11,6 +17,7 @@ The model is either the policy's own (``context.model``: built at construction, 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Mapping
@@ -80,6 +87,9 @@ class TransformersEngine(BatchingEngine):
         self._decoder: BatchDecoder | None = None
         self._state: dict[str, torch.Tensor] = {}
         self._version = NO_VERSION
+        self._shadow: dict[str, torch.Tensor] | None = None
+        """The second buffer: a copy of the state dict that pulls write into."""
+        self._shadow_version = NO_VERSION
         if context.model is not None:
             from astraflow.models import build_model
 
@@ -108,8 +118,14 @@ class TransformersEngine(BatchingEngine):
         await self.call(lambda: self._load(tensors, version))
 
     async def apply(self, source: WeightSource, policy: str, want: int) -> None:
-        """Pull ``want`` into the live weights, in place (from nothing: a full copy)."""
-        await self.call(lambda: self._apply(source, policy, want))
+        """Pull ``want`` into the shadow weights while generating, then swap between batches.
+
+        Callers serialise weight changes (``NodePolicy`` holds a lock around them).
+        """
+        if self._shadow is None or self._shadow_version != self._version:
+            await self.call(self._clone_shadow)
+        await asyncio.to_thread(self._pull_shadow, source, policy, want)
+        await self.call(lambda: self._swap(want))
 
     # ----------------------------------------------------------------- engine thread
 
@@ -149,6 +165,7 @@ class TransformersEngine(BatchingEngine):
         elif next(self._model.parameters()).dtype != dtype:
             self._install(self._model.to(dtype))
         self._version = NO_VERSION
+        self._shadow, self._shadow_version = None, NO_VERSION
         missing, unexpected = self._model.load_state_dict(dict(tensors), strict=False)
         if unexpected:
             raise ValidationError(
@@ -166,17 +183,41 @@ class TransformersEngine(BatchingEngine):
         self._version = version
         log.info("loaded weights policy=%s version=%d", self.context.policy, version)
 
-    def _apply(self, source: WeightSource, policy: str, want: int) -> None:
+    def _clone_shadow(self) -> None:
+        """Engine thread: the shadow becomes a copy of the live weights (tied tensors stay
+        tied: one copy per storage)."""
         if self._model is None:
-            raise ServiceUnavailableError(f"policy {policy!r}: no model to update; load first")
-        have = self._version if self._version >= 0 else None
+            raise ServiceUnavailableError(
+                f"policy {self.context.policy!r}: no model to update; load first"
+            )
+        copies: dict[int, torch.Tensor] = {}
+        shadow = {}
+        for name, tensor in self._state.items():
+            ptr = tensor.data_ptr()
+            if ptr not in copies:
+                copies[ptr] = tensor.detach().clone()
+            shadow[name] = copies[ptr]
+        self._shadow, self._shadow_version = shadow, self._version
+
+    def _pull_shadow(self, source: WeightSource, policy: str, want: int) -> None:
+        """Worker thread: move the shadow to ``want``; the live weights are not touched."""
+        assert self._shadow is not None
+        have = self._shadow_version if self._shadow_version >= 0 else None
         try:
-            source.pull(policy, self._state, have, want)
+            source.pull(policy, self._shadow, have, want)
         except (TransferError, ChecksumError, ValidationError):
-            raise  # the pull verifies everything before its first write: weights unchanged
+            raise  # the pull verifies everything before its first write: shadow unchanged
         except Exception:
-            self._version = NO_VERSION  # weights may be half-written: unknown from now on
+            self._shadow, self._shadow_version = None, NO_VERSION  # maybe half-written
             raise
+        self._shadow_version = want
+
+    def _swap(self, want: int) -> None:
+        """Engine thread, between batches: the live weights become the shadow's."""
+        assert self._shadow is not None and self._shadow_version == want
+        with torch.no_grad():
+            for name, tensor in self._shadow.items():
+                self._state[name].copy_(tensor)
         self._version = want
 
     def _run_batch(self, batch: list[Pending]) -> None:
