@@ -13,6 +13,7 @@ run has. A plug-in registered by anyone is checked the same way: nothing here li
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +62,7 @@ def check_run(config: RunConfig) -> list[str]:
         for path, name in used:
             if name not in workflow_names(config):
                 _check_spec(WORKFLOW_SPEC, PluginSpec(type=name), path, found)
+    found.problems += _placement_problems(config)
     known = set(config.policies)
     found.problems += [
         f"{path}: policy {policy!r} is not in policies ({', '.join(sorted(known))})"
@@ -68,6 +70,20 @@ def check_run(config: RunConfig) -> list[str]:
         if policy not in known
     ]
     return found.problems
+
+
+def _placement_problems(config: RunConfig) -> list[str]:
+    """CPUs named in ``placement`` that this process may not run on (this machine's)."""
+    try:
+        usable = os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # not Linux: affinity is not applied there
+        return []
+    return [
+        f"placement.{kind}: CPU {cpu} is not available here (usable: {sorted(usable)})"
+        for kind, cpus in config.placement.items()
+        for cpu in cpus
+        if cpu not in usable
+    ]
 
 
 def raise_problems(problems: list[str], source: str) -> None:

@@ -194,6 +194,7 @@ class AutoscaleConfig(ConfigModel):
 
 #: Component kinds a launcher starts (the keys of ``ray.resources``, besides ``node:<pool>``).
 COMPONENT_KINDS = ("dataflow", "weights", "trainer", "node", "eval")
+ComponentKind = Literal["dataflow", "weights", "trainer", "node", "eval"]
 
 
 class ActorResources(ConfigModel):
@@ -290,7 +291,12 @@ class RunConfig(ConfigModel):
     sync_round_tasks: int | None = Field(default=None, ge=1)
     """Tasks per round in sync mode (default: one trainer batch worth of tasks)."""
     threads: dict[Literal["trainer", "node", "eval"], int] = Field(default_factory=dict)
-    """torch threads per component kind (OMP_NUM_THREADS); unset: torch's default."""
+    """torch threads per component kind (OMP_NUM_THREADS); unset: one per placed CPU when
+    ``placement`` pins the kind, else torch's default."""
+    placement: dict[ComponentKind, list[Annotated[int, Field(ge=0)]]] = Field(default_factory=dict)
+    """CPU ids each kind's local processes are pinned to (CPU affinity), e.g.
+    ``{trainer: [0], node: [1]}``; unset kinds run anywhere. Local launcher only (Ray places
+    actors by ``ray.resources``)."""
     max_time_s: float | None = Field(default=None, gt=0)
     """Stop the run after this long (None: when every trainer reaches max_steps)."""
     ray: RaySection = Field(default_factory=RaySection)
@@ -308,6 +314,11 @@ class RunConfig(ConfigModel):
             f"ray.resources: {key!r} names no pool (pools: {', '.join(pools)})"
             for key in self.ray.resources
             if key.startswith("node:") and key.split(":", 1)[1] not in pools
+        ]
+        problems += [
+            f"placement.{kind}: CPU ids must be distinct and at least one, got {cpus}"
+            for kind, cpus in self.placement.items()
+            if not cpus or len(set(cpus)) != len(cpus)
         ]
         if not any(not p.frozen for p in self.policies.values()):
             problems.append("no policy is trained (every policy is frozen)")

@@ -90,6 +90,8 @@ class ComponentSpec:
     """Restarts before the run fails."""
     pool: str | None = None
     """The rollout pool of a node."""
+    cpus: tuple[int, ...] = ()
+    """CPU ids a local process is pinned to (``placement``; empty: anywhere)."""
 
 
 class Launcher:
@@ -160,8 +162,20 @@ class Launcher:
         # secrets travel in the environment, never in the component config files
         secret_env = {ENV_TOKENS[r]: tokens[r] for r in roles if r in tokens}
         secret_env |= self._weight_token_env(spec.kind)
-        spec = dataclasses.replace(spec, env={**spec.env, **secret_env})
+        cpus = tuple(self.config.placement.get(spec.kind, ()))  # type: ignore[call-overload]
+        threads = self._threads(spec.kind, cpus)
+        env = {**spec.env, **threads, **secret_env}
+        spec = dataclasses.replace(spec, env=env, cpus=cpus)
         return self.group.add(self._component(spec))
+
+    def _threads(self, kind: str, cpus: tuple[int, ...]) -> dict[str, str]:
+        """OMP/MKL threads of ``kind``: the configured count, else one per placed CPU."""
+        threads = self.config.threads.get(kind)  # type: ignore[call-overload]
+        if threads is None and cpus:
+            threads = len(cpus)
+        if threads is None:
+            return {}
+        return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
     def _weight_token_env(self, kind: str) -> dict[str, str]:
         """The weight-server tokens of ``kind``; the other roles' variables blanked, so that
@@ -219,7 +233,6 @@ class Launcher:
         self._start(
             ComponentSpec(
                 f"trainer-{policy}", "trainer", ("train",), cfg,
-                env=_threads_env(self.config.threads.get("trainer")),
                 ranks=self.config.policies[policy].processes, max_restarts=5,
             )
         )  # fmt: skip
@@ -247,7 +260,7 @@ class Launcher:
         self._start(
             ComponentSpec(
                 f"node-{cfg.node_id}", "node", ("raas", "serve"), cfg,
-                env=_threads_env(self.config.threads.get("node")), restart=False, pool=pool.name,
+                restart=False, pool=pool.name,
             )
         )  # fmt: skip
         return cfg.node_id
@@ -264,7 +277,8 @@ class Launcher:
 
     def start_evals(self) -> None:
         """Start one evaluator per evaluated policy."""
-        env = _threads_env(self.config.threads.get("eval", 1))
+        one = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {} if "eval" in self.config.threads else one  # light: one thread by default
         for policy, cfg in self.plan.evals.items():
             self._start(ComponentSpec(f"eval-{policy}", "eval", ("eval",), cfg, env=env))
 
@@ -413,7 +427,7 @@ class LocalRun(Launcher):
             self.regions.slow_down(spec.pool, spec.name, spec.name.removeprefix("node-"))
         return Proc(
             spec.name, spec.kind, argv, self.plan.run_dir / "logs" / f"{spec.name}.log",
-            env=spec.env, restart=spec.restart, max_restarts=spec.max_restarts,
+            env=spec.env, restart=spec.restart, max_restarts=spec.max_restarts, cpus=spec.cpus,
         )  # fmt: skip
 
 
@@ -440,12 +454,6 @@ def _weight_tokens() -> dict[WeightRole, str]:
     the environment of the components that need them)."""
     given = WeightsAuthConfig().tokens()
     return {role: given.get(role) or secrets.token_urlsafe(24) for role in ENV_WEIGHT_TOKENS}
-
-
-def _threads_env(threads: int | None) -> dict[str, str]:
-    if threads is None:
-        return {}
-    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 def _free_port() -> int:

@@ -76,6 +76,18 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
+def _child_setup(cpus: tuple[int, ...]) -> Callable[[], None]:
+    """What runs in the child between fork and exec: die with the parent, pin to ``cpus``
+    (the affinity is inherited by the program exec'd and every process it starts)."""
+
+    def setup() -> None:
+        _die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
+
+
 def tail_file(path: Path, lines: int = 20) -> str:
     """Last lines of a log file (for error messages); empty if unreadable."""
     try:
@@ -98,6 +110,8 @@ class Proc:
     """Restart in place after a crash; False: the process is replaceable, a crash is logged
     and the owner (the pool manager) starts a fresh one."""
     max_restarts: int = 3
+    cpus: tuple[int, ...] = ()
+    """CPU ids the process is pinned to (empty: anywhere)."""
     popen: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -128,7 +142,7 @@ class Proc:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=_child_setup(self.cpus) if sys.platform == "linux" else None,
             )
         self.started_at = time.monotonic()
         self.exit_code = None
