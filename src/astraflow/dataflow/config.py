@@ -111,8 +111,9 @@ class RegulationSettings(ConfigModel):
     """How lease sizes follow each node's measured rate (what a run config sets)."""
 
     sync_lease_hold_s: float = Field(default=2.0, ge=0, le=10)
-    """Sync mode: a lease the round leaves empty waits this long for the round to change
-    (opened, tasks re-queued) before it answers, so nodes start a round at once (0: never)."""
+    """A lease the sync round (or, async, the staleness budget) leaves empty waits this long
+    for the round to change (opened, tasks re-queued) or a trainer to take or announce before
+    it answers, so nodes start work at once (0: never)."""
     window_s: float = Field(default=30.0, gt=0)
     """A node may hold about what it finishes in this long."""
     min_lease: int = Field(default=1, ge=1)

@@ -23,7 +23,7 @@ from astraflow.dataflow.regulation import Held, LeasePlan, Sources, Versions
 from astraflow.dataflow.rounds import SyncRounds
 from astraflow.dataflow.store import BatchRow, Store
 from astraflow.dataflow.tasks import TaskQueue
-from astraflow.records import SyncReport
+from astraflow.records import NO_VERSION, SyncReport
 
 __all__ = ["AsyncRegulator", "Regulator", "frozen", "make_regulator"]
 
@@ -78,15 +78,19 @@ class Regulator(Protocol):
 
 
 class AsyncRegulator:
-    """The dataflow way: staleness admission per node, backpressure per policy."""
+    """The dataflow way: staleness admission and budget per node, backpressure per policy."""
 
     def __init__(
         self, policies: Mapping[str, PolicyConfig], queue: TaskQueue, buffers: Buffers
     ) -> None:
         self.policies, self.queue, self.buffers = policies, queue, buffers
+        self.demand: dict[str, tuple[int, int]] = {}
+        """Per policy: (version of the trainer's next unserved batch, its batch size)."""
+        self._versions: dict[str, int] = {}
 
     def plan(self, sources: Sources, held: Held, latest: Versions) -> LeasePlan:
-        """Admission against ``max_staleness``; backpressure against ``max_buffered``."""
+        """Admission against ``max_staleness`` and the staleness budget; backpressure
+        against ``max_buffered``."""
         needed = sorted({p for s in sources for p in s.policies})
         versions = {p: v.version for p, v in latest.items()}
         limits = {p: c.max_staleness for p, c in self.policies.items()}
@@ -94,8 +98,55 @@ class AsyncRegulator:
         # finished trainers and frozen policies: no buffer of theirs throttles
         final = {p for p, v in latest.items() if v.final} | frozen(self.policies)
         occupied = {p: 0 if p in final else self._occupied(p) for p in needed}
-        caps, full = regulation.source_caps(sources, self.policies, occupied, refresh, final)
-        return LeasePlan(refresh, caps, full)
+        budgets, spent = self._budgets(sources, held, versions, refresh, final)
+        caps, full = regulation.source_caps(
+            sources, self.policies, occupied, refresh, final, budgets
+        )
+        return LeasePlan(refresh, caps, full, spent)
+
+    def _budgets(
+        self,
+        sources: Sources,
+        held: Held,
+        versions: Mapping[str, int],
+        refresh: dict[str, str],
+        final: set[str],
+    ) -> tuple[dict[str, int], list[str]]:
+        """Samples each policy may still have made by the node's version before they would
+        arrive too stale for the trainer; a node behind the latest version whose samples
+        could serve no coming batch must refresh (added to ``refresh``)."""
+        budgets: dict[str, int] = {}
+        spent: list[str] = []
+        groups: dict[str, int] = {}
+        for src in sources:
+            for p in src.policies:
+                groups[p] = min(groups.get(p, src.group_size), src.group_size)
+        for p in sorted(groups):
+            have = held.get(p, NO_VERSION)
+            if p in final or p in refresh or p not in self.demand or have < 0:
+                continue
+            next_version, batch = self.demand[p]
+            bound = self.policies[p].max_staleness
+            batches = regulation.budget_batches(have, next_version, bound)
+            if batches == 0 and have < versions.get(p, have):
+                refresh[p] = (
+                    f"samples of version {have} of {p!r} would be too stale for the trainer's "
+                    f"next batch (version {next_version}, max_staleness {bound})"
+                )
+                continue
+            budgets[p] = max(0, batches * batch - self._pending(p, next_version - bound))
+            if budgets[p] < groups[p]:
+                spent.append(p)
+        return budgets, spent
+
+    def _pending(self, policy: str, oldest: int) -> int:
+        """Samples buffered (made by ``oldest`` or later) or in flight: not served yet."""
+        fresh = sum(
+            g.num_samples
+            for g in self.buffers.live[policy].values()
+            if g.state == "buffered" and g.behaviour_version >= oldest
+        )
+        return fresh + self.queue.in_flight[policy]
 
     def _occupied(self, policy: str) -> int:
         buffered, _, served = self.buffers.samples(policy)
@@ -113,23 +164,28 @@ class AsyncRegulator:
         return None
 
     def take(self, query: BatchQuery, now: float) -> tuple[BatchRow, bytes, int] | None:
-        """The sampler's batch within the staleness bound."""
-        return self.buffers.take(query, now)
+        """The sampler's batch within the staleness bound (and what the trainer needs next)."""
+        taken = self.buffers.take(query, now)
+        served = 1 if taken is not None else 0
+        self.demand[query.policy] = (query.trainer_version + served, query.max_samples)
+        return taken
 
     def retire(self, policy: str) -> None:
         """Nothing to do: a final version already stops buffering the policy."""
 
     def lease_key(self) -> Hashable:
-        """No state decides whether a lease may get a task later."""
-        return None
+        """What the staleness budget depends on besides the node: the trainers' demand and
+        the announced versions."""
+        return tuple(sorted(self.demand.items())), tuple(sorted(self._versions.items()))
 
     def step(self, latest: Versions, now: float) -> bool:
-        """No rule runs at the end of a change."""
+        """Note the announced versions (no rule runs at the end of a change)."""
+        self._versions = {p: v.version for p, v in latest.items()}
         return False
 
     def more_to_lease(self, before: Hashable) -> bool:
-        """Leases are never held open in async mode."""
-        return False
+        """A trainer took or announced (the budget moved on): held leases may get tasks."""
+        return before != self.lease_key()
 
     def report(self, latest: Versions) -> SyncReport | None:
         """Nothing beyond the buffers."""

@@ -1,12 +1,22 @@
 """Regulation rules: staleness (admission and batch bound), backpressure, lease sizing.
 
     lease(node, capacity) ─► admission   latest[p] - held[p] > max_staleness  → refresh p
+                          ─► budget      samples made by held[p] serve the trainer's batches
+                                          next[p] .. held[p] + max_staleness: at most that
+                                          many batches' worth are buffered or in flight
+                                          (none left: refresh p, or wait for its next version)
                           ─► backpressure max_buffered[p] - buffered[p] - in_flight[p]
                                           (in samples; 0 room → no task needing p)
                           ─► throttle     grant = min(capacity, allowance - held),
                                           allowance = max(min_lease, ceil(rate * window_s))
                                           (capacity: how many more tasks the node can start)
     take(policy, v)       ─► bound        staleness(group, v) > max_staleness → never served
+
+``next[p]`` is the version of the trainer's next batch not served yet (a take that got a
+batch for version v: v + 1; one still waiting: v). A sample made beyond the budget would only
+be dropped as stale, so it is not made: the node refreshes or waits instead (a pipelined
+trainer prefetches the batch for v + 1 while it computes v, so with ``max_staleness`` 1 the
+weights of version v make exactly the batch trained on v + 1).
 
 Staleness is ``records.Sample.staleness``: trainer updates between the oldest weights that
 made a trained token and the trainer's version. A group's is that of its stalest sample.
@@ -23,12 +33,14 @@ from astraflow.dataflow.config import PolicyConfig, RegulationConfig, SourceConf
 from astraflow.records import NO_VERSION, PolicyVersion, Sample
 
 __all__ = [
+    "BUDGET",
     "Held",
     "LeaseDecision",
     "LeasePlan",
     "Sources",
     "Versions",
     "admission",
+    "budget_batches",
     "group_behaviour_version",
     "lease_allowance",
     "lease_grant",
@@ -75,6 +87,15 @@ def admission(
     return out
 
 
+#: Reason prefix of a lease left empty because the staleness budget is spent (held open).
+BUDGET = "staleness budget spent"
+
+
+def budget_batches(held: int, next_version: int, max_staleness: int) -> int:
+    """Trainer batches, from ``next_version`` on, that may still use samples made by ``held``."""
+    return max(0, held + max_staleness - next_version + 1)
+
+
 def room(max_buffered: int, buffered: int, in_flight: int) -> int:
     """Samples a policy can still take before backpressure stops new tasks."""
     return max(0, max_buffered - buffered - in_flight)
@@ -86,20 +107,26 @@ def source_caps(
     occupied: Mapping[str, int],
     refresh: Mapping[str, str],
     unbuffered: Collection[str] = (),
+    budgets: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, int], list[str]]:
     """Tasks each source may still start, and the policies that are full.
 
     ``occupied`` is each policy's buffered + served + in-flight samples; a source needing a
     policy the node must refresh gets nothing. ``unbuffered`` policies (frozen, or whose
-    trainer finished) keep no samples, so they never limit a source.
+    trainer finished) keep no samples, so they never limit a source. ``budgets``: samples a
+    policy may still have made for its trainer's coming batches (the staleness budget).
     """
     caps: dict[str, int] = {}
     full: list[str] = []
+    budgets = budgets or {}
     for s in sources:
         if any(p in refresh for p in s.policies):
             continue
         kept = [p for p in s.policies if p not in unbuffered]
-        rooms = [room(policies[p].max_buffered, occupied[p], 0) for p in kept]
+        rooms = [
+            min(room(policies[p].max_buffered, occupied[p], 0), budgets.get(p, UNBOUNDED_TASKS))
+            for p in kept
+        ]
         full += [p for p, r in zip(kept, rooms, strict=True) if r < s.group_size]
         n = tasks_that_fit(rooms, s.group_size) if kept else UNBOUNDED_TASKS
         if n > 0:
@@ -133,6 +160,8 @@ class LeasePlan(NamedTuple):
     """Tasks each source may start now (absent: none)."""
     full: list[str]
     """Policies whose buffer is full (backpressure)."""
+    spent: list[str] = []  # noqa: RUF012  # a NamedTuple default, never mutated
+    """Policies whose staleness budget is spent (the node waits for their next version)."""
 
 
 def lease_allowance(rate_tasks_per_s: float | None, config: RegulationConfig) -> int | None:
@@ -161,6 +190,7 @@ class LeaseDecision:
     """Some source runs one of the node's workflows."""
     refresh: Mapping[str, str]
     full: Sequence[str]
+    spent: Sequence[str]
     held: int
     allowance: int | None
     want: int
@@ -178,6 +208,8 @@ class LeaseDecision:
                 f"{self.allowance}"
             )
         parts = []
+        if self.spent and not self.refresh:
+            parts.append(f"{BUDGET} for {', '.join(self.spent)}: waiting for the next version")
         if self.refresh:
             parts.append("refresh needed: " + "; ".join(self.refresh.values()))
         if self.full:

@@ -3,8 +3,9 @@
     handler ──await call(fn, req)──► [writer thread] service.fn(req) ──► reply
     take:    loop { ev = event[policy]; batch = call(take); if batch: return it;
                     wait(ev, remaining) or time out → None }
-    lease:   sync mode only, the same loop while the round leaves the lease empty (woken
-             when the round opens or gets tasks back; ``regulation.sync_lease_hold_s``)
+    lease:   the same loop while the sync round, or (async) the staleness budget, leaves the
+             lease empty (woken when the round opens or gets tasks back, or when a trainer
+             takes or announces; ``regulation.sync_lease_hold_s``)
     sweeper: every interval until stopped: call(sweep)  (lease and batch expiry)
 
 Every SQLite access happens on the writer thread, so the event loop never blocks on it; a
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import TypeVar
 
+from astraflow.dataflow.regulation import BUDGET
 from astraflow.dataflow.rounds import BLOCKED
 from astraflow.dataflow.service import DataflowService, TakenBatch
 from astraflow.records import LeaseReply, LeaseRequest, TakeBatchRequest
@@ -48,11 +50,7 @@ class ServiceRuntime:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataflow-writer")
         self._events: dict[str, asyncio.Event] = {}
         self._round = asyncio.Event()
-        self.lease_hold_s = (
-            service.config.regulation.sync_lease_hold_s
-            if service.config.regulation.mode == "sync"
-            else 0.0
-        )
+        self.lease_hold_s = service.config.regulation.sync_lease_hold_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -127,7 +125,8 @@ class ServiceRuntime:
             ev = self._round  # taken before trying: no wake-up is lost
             reply = await self.call(self.service.lease, req)
             remaining = deadline - loop.time()
-            held = not reply.tasks and not reply.refresh and reply.reason.startswith(BLOCKED)
+            waits = reply.reason.startswith((BLOCKED, BUDGET))  # for a round, a version
+            held = not reply.tasks and not reply.refresh and waits
             if not held or remaining <= 0 or (self._stop is not None and self._stop.is_set()):
                 return reply
             with contextlib.suppress(TimeoutError):

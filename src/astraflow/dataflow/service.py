@@ -203,7 +203,8 @@ class DataflowService:
             )
             decision = regulation.LeaseDecision(
                 capacity=req.capacity, workflows=req.workflows, runnable=bool(sources),
-                refresh=plan.refresh, full=plan.full, held=held, allowance=allowance,
+                refresh=plan.refresh, full=plan.full, spent=plan.spent, held=held,
+                allowance=allowance,
                 want=regulation.lease_grant(req.capacity, held, allowance),
             )  # fmt: skip
             tasks = []
@@ -221,11 +222,17 @@ class DataflowService:
             versions=dict(self.latest),
             refresh=plan.refresh,
             reason=reason,
-            retry_after_s=0.0 if tasks else self.config.lease.retry_after_s,
+            retry_after_s=0.0 if tasks else self._retry_after(reason),
             secrets={
                 t.task_id: self.queue.secret(req.node_id, t.task_id, t.attempt) for t in tasks
             },
         )
+
+    def _retry_after(self, reason: str) -> float:
+        """A lease waiting for the next version (held open until it comes) is asked again at
+        once; others after ``lease.retry_after_s``."""
+        wait = self.config.lease.retry_after_s
+        return min(wait, 0.05) if reason.startswith(regulation.BUDGET) else wait
 
     def renew(self, req: RenewRequest) -> RenewReply:
         """Extend the node's leases; report the ones it lost."""
