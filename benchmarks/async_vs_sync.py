@@ -28,6 +28,13 @@ Figures, over the steady part of each run (from step ``skip`` to the last):
   cores         CPU seconds of all the run's processes / wall seconds (2 = this whole box)
   speed-up      sync s/step / async s/step
 
+Placement (``--placement``, default ``trainer=0,node=1`` when two CPUs are usable): the
+trainers and the rollout nodes are pinned to separate cores (``placement`` in the run config:
+CPU affinity, one torch thread per placed CPU), so neither steals the other's core; the
+dataflow service and the evaluator run anywhere. Each run also prints the trainer's phase
+split (median ms per step on its critical path: waiting for a batch, computing, publishing):
+the async/sync ratio is bounded by (rollout + train) / max(rollout, train) of the sync rounds.
+
 The machine is shared (2 cores): the 1-minute load average before each run is printed. A
 component's CPU use slows the others, so when the box is saturated the two modes converge;
 re-run on a quiet machine for the design's figures.
@@ -162,6 +169,8 @@ class Result:
     tokens_per_sample: float
     engine_busy: dict[str, float] = field(default_factory=dict)
     sync_split: tuple[float, float] | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    """Median ms per step of the trainers' critical-path phases."""
 
 
 def run_one(name: str, data: dict[str, Any], mode: str, args: argparse.Namespace) -> Result:
@@ -169,6 +178,8 @@ def run_one(name: str, data: dict[str, Any], mode: str, args: argparse.Namespace
     run_dir = Path(args.out) / f"{name}-{mode}-{time.strftime('%H%M%S')}"
     data = json.loads(json.dumps(data))  # identical configs but for mode (and run_dir)
     data.update(mode=mode, run_dir=str(run_dir), max_time_s=args.steps * 10.0 + 180)
+    if args.placement:
+        data["placement"] = args.placement
     for policy in data["policies"].values():
         policy["trainer"] = {**policy["trainer"], "max_steps": args.steps,
                              "checkpoint": {"every": 0}}  # fmt: skip
@@ -215,6 +226,7 @@ def measure(
     """The figures of a finished run, from the files it wrote."""
     per_step, idle, rewards, acc, steps, tokens = [], [], {}, {}, {}, []
     window: list[float] = []
+    phases: dict[str, list[float]] = {"wait": [], "compute": [], "publish": []}
     for policy in policies:
         metrics = _jsonl(run_dir / "trainers" / policy / "metrics.jsonl")
         steps[policy] = len(metrics)
@@ -230,6 +242,8 @@ def measure(
         tail = metrics[-max(1, len(metrics) // 5) :]
         rewards[policy] = statistics.mean(m["reward_mean"] for m in tail)
         tokens += [m["trained_tokens"] / m["samples"] for m in steady]
+        for key, name_ in (("wait_s", "wait"), ("step_s", "compute"), ("publish_s", "publish")):
+            phases[name_] += [1000 * m[key] for m in steady if m.get(key) is not None]
         evals = _jsonl(run_dir / "eval" / f"{policy}.jsonl")
         acc[policy] = evals[-1]["accuracy"] if evals else None
     reports = _jsonl(run_dir / "report.jsonl")
@@ -241,6 +255,7 @@ def measure(
         reward=rewards, accuracy=acc, cores=cores, load_before=load, wall_s=wall,
         tokens_per_sample=statistics.mean(tokens), engine_busy=busy,
         sync_split=_sync_split(reports),
+        phases={k: statistics.median(v) for k, v in phases.items() if v},
     )  # fmt: skip
 
 
@@ -295,6 +310,8 @@ def print_table(results: list[Result]) -> None:
             print(f"{r.mode:6} {steps:>10} {r.s_per_step:7.3f} {r.trainer_idle:12.2f} "
                   f"{r.rollout_idle:12.2f} {r.cores:5.2f} {r.load_before:5.1f}  "
                   f"{_fmt(r.reward):25} {_fmt(r.accuracy)}")  # fmt: skip
+            split = " ".join(f"{k} {v:.0f}" for k, v in r.phases.items())
+            print(f"{'':6} trainer step, median ms: {split}")
             if len(r.engine_busy) > 1:
                 print(f"{'':6} engines busy: {_fmt(r.engine_busy, 2)}")
             if r.sync_split is not None:
@@ -311,6 +328,20 @@ def print_table(results: list[Result]) -> None:
                   f"{statistics.median(asyn):.3f} s)")  # fmt: skip
 
 
+def _placement(text: str) -> dict[str, list[int]] | None:
+    """``--placement``: 'auto', 'none' or 'kind=cpu[+cpu],...' as a run config section."""
+    if text == "none":
+        return None
+    if text == "auto":
+        cpus = sorted(os.sched_getaffinity(0))
+        return {"trainer": [cpus[0]], "node": [cpus[1]]} if len(cpus) >= 2 else None
+    out: dict[str, list[int]] = {}
+    for item in text.split(","):
+        kind, _, ids = item.partition("=")
+        out[kind.strip()] = [int(c) for c in ids.split("+")]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -323,7 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=128, help="longest response")
     parser.add_argument("--repeat", type=int, default=1, help="sync/async pairs per workload")
     parser.add_argument("--out", default=None, help="run directories (default: a temp dir)")
+    parser.add_argument("--placement", default="auto",
+                        help="'auto' (trainer and nodes on separate CPUs when 2 are usable), "
+                        "'none', or e.g. 'trainer=0,node=1'")  # fmt: skip
     args = parser.parse_args(argv)
+    args.placement = _placement(args.placement)
     if args.quick:
         args.steps, args.skip = 60, 10
     args.out = args.out or tempfile.mkdtemp(prefix="async-vs-sync-")
@@ -336,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"response lengths (real generated tokens): lognormal median {args.median} sigma "
           f"{args.sigma}, clipped to [2, {args.max_tokens}]: mean {statistics.mean(draws):.1f}, "
           f"p90 {draws[90_000]}, p99 {draws[99_000]}, max {draws[-1]}")  # fmt: skip
-    print(f"{os.cpu_count()} CPUs; {args.steps} trainer steps per run; runs in {work}")
+    print(f"{os.cpu_count()} CPUs; {args.steps} trainer steps per run; runs in {work}; "
+          f"placement {args.placement or 'none'}")  # fmt: skip
     results = []
     for name in args.workloads.split(","):
         data = WORKLOADS[name](args, work)
