@@ -120,28 +120,40 @@ def run_config(args: argparse.Namespace, sigma: float, mode: str, run_dir: Path)
 
     model = json.loads(json.dumps(MODEL))
     model["config"]["max_position_embeddings"] = args.max_tokens + 64
+    policy = {
+        "model": model,
+        "trainer": {"loss": {"type": "grpo", "tis_cap": 2.0},
+                    "optimizer": {"lr": 3e-4, "grad_clip": 1.0},
+                    "batch": {"min_samples": args.batch, "max_samples": args.batch,
+                              "take_timeout_s": 60},
+                    "publish_dtype": "float32", "checkpoint": {"every": 0},
+                    "max_steps": args.steps},
+        "rollout": {"engine": {"type": SIMULATED}},
+        "max_staleness": 1, "max_buffered": 2 * args.batch,
+    }  # fmt: skip
+    names = policy_names(args)
     data = {
         "run_dir": str(run_dir), "seed": 0, "mode": mode,
-        "policies": {"policy": {
-            "model": model,
-            "trainer": {"loss": {"type": "grpo", "tis_cap": 2.0},
-                        "optimizer": {"lr": 3e-4, "grad_clip": 1.0},
-                        "batch": {"min_samples": args.batch, "max_samples": args.batch,
-                                  "take_timeout_s": 60},
-                        "publish_dtype": "float32", "checkpoint": {"every": 0},
-                        "max_steps": args.steps},
-            "rollout": {"engine": {"type": SIMULATED}},
-            "max_staleness": 1, "max_buffered": 2 * args.batch}},
-        "sources": [{"name": "add1", "type": "generator",
-                     "generator": {"type": "add1", "size": 100000}, "workflow": "rlvr",
-                     "policies": ["policy"], "group_size": 8, "epochs": None}],
-        "workflows": {"rlvr": {"policy": "policy", "reward": "synthetic_exact",
-                               "sampling": {"max_new_tokens": args.max_tokens}}},
+        "policies": {name: json.loads(json.dumps(policy)) for name in names},
+        "sources": [{"name": f"add1-{name}", "type": "generator",
+                     "generator": {"type": "add1", "size": 100000, "seed": i},
+                     "workflow": f"rlvr-{name}", "policies": [name], "group_size": 8,
+                     "epochs": None} for i, name in enumerate(names)],
+        "workflows": {f"rlvr-{name}": {"type": "rlvr", "policy": name,
+                                       "reward": "synthetic_exact",
+                                       "sampling": {"max_new_tokens": args.max_tokens}}
+                      for name in names},
         "pools": [{"name": name, "nodes": 0, "capacity": args.capacity} for name, _ in POOLS],
         "threads": {"trainer": 1},
         "max_time_s": args.steps * 20.0 + 180,
     }  # fmt: skip
     return validate(RunConfig, data, source=f"cluster sim ({mode}, sigma {sigma})")
+
+
+def policy_names(args: argparse.Namespace) -> list[str]:
+    """The trained policies: ``policy`` (and ``policy2`` ... with ``--policies``), each with
+    its own trainer, source and workflow, all served by every node."""
+    return ["policy"] + [f"policy{i}" for i in range(2, args.policies + 1)]
 
 
 def node_configs(
@@ -160,7 +172,8 @@ def node_configs(
             "lengths": {"median": args.median, "sigma": sigma, "min_tokens": 1,
                         "max_tokens": args.max_tokens},
         }  # fmt: skip
-        pool = pool.model_copy(update={"policies": {"policy": {"engine": engine}}})
+        engines = {name: {"engine": engine} for name in policy_names(args)}
+        pool = pool.model_copy(update={"policies": engines})
         cfg = node_config(plan, pool, node_id=f"sim-{name}-{i:02d}")
         extra = {"idle_wait_s": 0.2, "lease_wait_s": 0.01, "grace_s": 5.0}
         out.append(cfg.model_dump(mode="json") | extra)
@@ -280,7 +293,8 @@ def run_one(args: argparse.Namespace, cal: dict[str, Any], sigma: float, mode: s
             h.stop()
     if failed or not result.ok:
         raise SystemExit(f"sigma {sigma} {mode}: the run failed: {failed or result.failed}")
-    return measure(run_dir, sigma, mode, args.skip, time.monotonic() - started)
+    wall = time.monotonic() - started
+    return measure(run_dir, sigma, mode, args.skip, wall, policy_names(args))
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -289,27 +303,37 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def measure(run_dir: Path, sigma: float, mode: str, skip: int, wall: float) -> Result:
-    """Figures of a finished run from metrics.jsonl and report.jsonl."""
-    metrics = _jsonl(run_dir / "trainers" / "policy" / "metrics.jsonl")
-    steady = metrics[min(skip, len(metrics) // 4) :]
-    if len(steady) < 2:
-        raise SystemExit(f"sigma {sigma} {mode}: only {len(metrics)} steps in {run_dir}")
-    t0, t1 = steady[0]["time"], steady[-1]["time"]
-    reports = [r for r in _jsonl(run_dir / "report.jsonl") if t0 <= r["time"] <= t1 and r["nodes"]]
+def measure(
+    run_dir: Path, sigma: float, mode: str, skip: int, wall: float, names: list[str]
+) -> Result:
+    """Figures of a finished run from metrics.jsonl and report.jsonl (mean over trainers)."""
+    per_step, waits, window, steps = [], [], [float("inf"), 0.0], 0
+    for name in names:
+        metrics = _jsonl(run_dir / "trainers" / name / "metrics.jsonl")
+        steady = metrics[min(skip, len(metrics) // 4) :]
+        if len(steady) < 2:
+            raise SystemExit(f"sigma {sigma} {mode}: {name} {len(metrics)} steps in {run_dir}")
+        t0, t1 = steady[0]["time"], steady[-1]["time"]
+        per_step.append((t1 - t0) / (len(steady) - 1))
+        waits.append(sum(m["wait_s"] for m in steady[1:]) / (t1 - t0))
+        window = [min(window[0], t0), max(window[1], t1)]
+        steps = steps or len(metrics)
+    reports = [r for r in _jsonl(run_dir / "report.jsonl")
+               if window[0] <= r["time"] <= window[1] and r["nodes"]]  # fmt: skip
     idle, seen = float("nan"), 0
     if len(reports) >= 2:
         first, last = reports[0], reports[-1]
         seen = len(last["nodes"])
 
         def busy(r: dict[str, Any]) -> float:
-            return sum(n["stats"]["extra"].get("busy_s.policy", 0.0) for n in r["nodes"].values())
+            return sum(v for n in r["nodes"].values() for k, v in n["stats"]["extra"].items()
+                       if k.startswith("busy_s."))  # fmt: skip
 
-        idle = 1 - (busy(last) - busy(first)) / ((last["time"] - first["time"]) * max(1, seen))
+        span = (last["time"] - first["time"]) * max(1, seen) * len(names)
+        idle = 1 - (busy(last) - busy(first)) / span
     return Result(
-        sigma=sigma, mode=mode, steps=len(metrics), s_per_step=(t1 - t0) / (len(steady) - 1),
-        trainer_idle=sum(m["wait_s"] for m in steady[1:]) / (t1 - t0), rollout_idle=idle,
-        nodes_seen=seen, wall_s=wall,
+        sigma=sigma, mode=mode, steps=steps, s_per_step=statistics.mean(per_step),
+        trainer_idle=statistics.mean(waits), rollout_idle=idle, nodes_seen=seen, wall_s=wall,
     )  # fmt: skip
 
 
@@ -320,7 +344,8 @@ def print_table(results: list[Result], cal: dict[str, Any], args: argparse.Names
     """The table: per sigma, both modes and the speed-up."""
     print("\nSIMULATION (generation times drawn, calibrated on the real engine; dataflow, "
           "trainer and nodes real)")  # fmt: skip
-    print(f"{args.nodes} nodes in pools fast/medium/slow (speed 1.0/0.6/0.3), capacity "
+    print(f"{args.policies} trained policies, each its own trainer and source; "
+          f"{args.nodes} nodes in pools fast/medium/slow (speed 1.0/0.6/0.3), capacity "
           f"{args.capacity} tasks x 8 samples; trainer batch {args.batch}; lengths lognormal "
           f"median {args.median}, clipped to {args.max_tokens}")  # fmt: skip
     print(f"{'sigma':>5} {'mode':6} {'steps':>5} {'s/step':>7} {'trainer idle':>12} "
@@ -346,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=20, help="trainer versions per run")
     parser.add_argument("--skip", type=int, default=5, help="first steps left out")
     parser.add_argument("--nodes", type=int, default=64, help="simulated rollout nodes")
+    parser.add_argument(
+        "--policies", type=int, default=1, help="trained policies (the paper's setting: 2)"
+    )
     parser.add_argument("--hosts", type=int, default=4, help="processes hosting the nodes")
     parser.add_argument("--capacity", type=int, default=2, help="tasks per node at once")
     parser.add_argument("--batch", type=int, default=256, help="trainer batch (samples)")

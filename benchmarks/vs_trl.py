@@ -137,7 +137,9 @@ def run_trl(steps: int, work: Path, eval_every: int) -> Figures:
     from trl import GRPOConfig, GRPOTrainer
 
     torch.manual_seed(0)
+    began = time.perf_counter()
     config, model, tokenizer = _recipe(work)
+    print(f"TRL: warm-up done in {time.perf_counter() - began:.0f} s", flush=True)
     tokenizer.padding_side = "left"
     data = read_quickstart()
     train = _rows(data["sources"][0]["generator"])
@@ -250,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         if args.only in (None, "astraflow"):
             results.append(run_astraflow(args.steps, work))
+            report(results)
         if args.only in (None, "trl"):
             results.append(run_trl(args.steps, work, args.eval_every))
         report(results)
