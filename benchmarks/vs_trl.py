@@ -82,14 +82,16 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- astraflow
 
 
-def run_astraflow(steps: int, work: Path) -> Figures:
-    """``astraflow run examples/quickstart.yaml`` for ``steps`` GRPO steps."""
+def run_astraflow(steps: int, work: Path, *, reuse: bool = False) -> Figures:
+    """``astraflow run examples/quickstart.yaml`` for ``steps`` GRPO steps (``reuse``: the
+    figures of the run already in ``work``)."""
     run_dir = work / "astraflow"
     cmd = [sys.executable, "-m", "astraflow", "run", str(QUICKSTART), "--run-dir", str(run_dir),
            "--set", f"policies.policy.trainer.max_steps={steps}"]  # fmt: skip
-    print(f"astraflow: load {_load()}; {' '.join(cmd[1:])}", flush=True)
-    with (work / "astraflow.out").open("wb") as out:
-        subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    if not reuse:
+        print(f"astraflow: load {_load()}; {' '.join(cmd[1:])}", flush=True)
+        with (work / "astraflow.out").open("wb") as out:
+            subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     metrics = _jsonl(run_dir / "trainers" / "policy" / "metrics.jsonl")
     evals = _jsonl(run_dir / "eval" / "policy.jsonl")
     start = next(e["created_at"] for e in evals if e["version"] == 0)  # v0 published
@@ -129,7 +131,7 @@ def _rows(spec: dict[str, Any]) -> list[dict[str, Any]]:
     return list(GENERATORS.build(spec).rows())
 
 
-def run_trl(steps: int, work: Path, eval_every: int) -> Figures:
+def run_trl(steps: int, work: Path, eval_every: int, threads: int) -> Figures:
     """TRL's GRPOTrainer on the same recipe, timed without its evaluations."""
     import torch
     from datasets import Dataset
@@ -137,6 +139,7 @@ def run_trl(steps: int, work: Path, eval_every: int) -> Figures:
     from trl import GRPOConfig, GRPOTrainer
 
     torch.manual_seed(0)
+    torch.set_num_threads(threads)
     began = time.perf_counter()
     config, model, tokenizer = _recipe(work)
     print(f"TRL: warm-up done in {time.perf_counter() - began:.0f} s", flush=True)
@@ -208,7 +211,7 @@ def run_trl(steps: int, work: Path, eval_every: int) -> Figures:
         model=model, reward_funcs=exact, args=args, train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer, callbacks=[clock],
     )  # fmt: skip
-    print(f"TRL: load {_load()}; GRPOTrainer, {steps} steps", flush=True)
+    print(f"TRL: load {_load()}; GRPOTrainer, {steps} steps, {threads} torch threads", flush=True)
     trainer.train()
     return Figures("TRL", steps, clock.curve[-1][0], clock.curve)
 
@@ -245,16 +248,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-every", type=int, default=25, help="TRL: steps between evals")
     parser.add_argument("--only", choices=("astraflow", "trl"), default=None)
     parser.add_argument("--work", type=Path, default=None, help="keep outputs here")
+    parser.add_argument("--trl-threads", type=int, default=1,
+                        help="torch threads of the TRL process (astraflow's recipe: 1 per "
+                        "process; more oversubscribes a loaded 2-core box)")  # fmt: skip
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="astraflow: read the figures of the run already in --work",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
         work = args.work or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         results = []
         if args.only in (None, "astraflow"):
-            results.append(run_astraflow(args.steps, work))
+            results.append(run_astraflow(args.steps, work, reuse=args.reuse))
             report(results)
         if args.only in (None, "trl"):
-            results.append(run_trl(args.steps, work, args.eval_every))
+            results.append(run_trl(args.steps, work, args.eval_every, args.trl_threads))
         report(results)
     return 0
 
