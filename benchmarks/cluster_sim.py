@@ -173,7 +173,7 @@ def node_configs(
                         "max_tokens": args.max_tokens},
         }  # fmt: skip
         engines = {name: {"engine": engine} for name in policy_names(args)}
-        pool = pool.model_copy(update={"policies": engines})
+        pool = type(pool).model_validate({**pool.model_dump(), "policies": engines})
         cfg = node_config(plan, pool, node_id=f"sim-{name}-{i:02d}")
         extra = {"idle_wait_s": 0.2, "lease_wait_s": 0.01, "grace_s": 5.0}
         out.append(cfg.model_dump(mode="json") | extra)
