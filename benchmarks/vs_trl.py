@@ -94,9 +94,12 @@ def run_astraflow(steps: int, work: Path, *, reuse: bool = False) -> Figures:
             subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     metrics = _jsonl(run_dir / "trainers" / "policy" / "metrics.jsonl")
     evals = _jsonl(run_dir / "eval" / "policy.jsonl")
-    start = next(e["created_at"] for e in evals if e["version"] == 0)  # v0 published
+    first = metrics[0]  # RL start: the first step's take began (version 0 just published)
+    start = first["time"] - first["wait_s"] - first["compute_s"] - first["publish_s"]
     rl_s = metrics[-1]["time"] - start
     curve = [(max(0.0, e["created_at"] - start), e["accuracy"]) for e in evals]
+    if evals[0]["version"] != 0:  # the evaluator skipped version 0 (a newer one was out)
+        print(f"astraflow: first evaluated version is {evals[0]['version']}", flush=True)
     report = _jsonl(run_dir / "report.jsonl")[-1]["policies"]["policy"]
     kinds = ("acked_samples", "stale_dropped_samples", "filtered_samples", "buffered_samples",
              "served_samples")  # fmt: skip
