@@ -17,9 +17,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import time
 from pathlib import Path
 
+from astraflow.cgroupfs import remove_cgroup
 from astraflow.errors import ConfigError
 
 __all__ = ["CPU_ROOT", "CpuQuotas", "check_cpu_cgroups", "move_to_cgroup"]
@@ -81,24 +81,11 @@ class CpuQuotas:
     def close(self) -> None:
         """Remove every cgroup made (their processes must have ended)."""
         for path in reversed(self._made):
-            _rmdir(path)
+            remove_cgroup(path, kill=False, attempts=21, pause_s=0.05)
         self._made.clear()
-        _rmdir(self.base)
+        remove_cgroup(self.base, kill=False, attempts=21, pause_s=0.05)
         with contextlib.suppress(OSError):  # shared with other runs: only when empty
             self.base.parent.rmdir()
-
-
-def _rmdir(path: Path) -> None:
-    for _ in range(20):  # a process just killed may still be listed for a moment
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.05)
-    with contextlib.suppress(OSError):
-        path.rmdir()
 
 
 def move_to_cgroup(path: Path, pid: int) -> None:

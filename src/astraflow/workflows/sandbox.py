@@ -47,6 +47,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from astraflow.cgroupfs import kill_members, remove_cgroup
 from astraflow.config import ConfigModel
 from astraflow.errors import SandboxError
 from astraflow.workflows.gate import Gate
@@ -161,8 +162,8 @@ class Sandbox:
             try:
                 return self._run_in(Path(tmp), program, limit, cgroup)
             finally:
-                if cgroup is not None:
-                    _remove_cgroup(cgroup)
+                if cgroup is not None and not remove_cgroup(cgroup, kill=True):
+                    log.warning("sandbox cgroup=%s could not be removed", cgroup)
 
     # ----------------------------------------------------------------- internals
 
@@ -244,8 +245,8 @@ class Sandbox:
             timed_out = True
         finally:
             _kill_group(proc)
-            if cgroup is not None:
-                _kill_cgroup(cgroup)
+            if cgroup is not None and not kill_members(cgroup):
+                log.warning("sandbox cgroup=%s still has processes after SIGKILL", cgroup)
         with os.fdopen(status_r, "rb") as f:
             raw = f.read()
         duration = time.monotonic() - start
@@ -323,34 +324,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-
-
-def _kill_cgroup(path: Path) -> None:
-    for _ in range(50):
-        try:
-            pids = [int(p) for p in (path / "cgroup.procs").read_text().split()]
-        except OSError:
-            return
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
-    log.warning("sandbox cgroup=%s still has processes after SIGKILL", path)
-
-
-def _remove_cgroup(path: Path) -> None:
-    for _ in range(50):
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            _kill_cgroup(path)
-            time.sleep(0.01)
-    log.warning("sandbox cgroup=%s could not be removed", path)
 
 
 def _fresh_uid() -> int:
