@@ -7,12 +7,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
@@ -26,14 +25,6 @@ from fixtures.raas import (
     recompute_logprobs,
     write_tasks,
 )
-
-
-@pytest.fixture
-def store(weight_root: Path) -> Iterator[PolicyStore]:
-    """Policy 'policy' at version 0 in the weight store (float32)."""
-    s = PolicyStore(weight_root)
-    yield s
-    s.close()
 
 
 class HeldPull:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,6 @@ from fixtures.raas import (
     recompute_logprobs,
     write_tasks,
 )
-
-
-@pytest.fixture
-def store(weight_root: Path) -> Iterator[PolicyStore]:
-    """Policy 'policy' at version 0 in the served weight store (float32)."""
-    s = PolicyStore(weight_root)
-    yield s
-    s.close()
 
 
 def _node_config(dataflow: str, weights: str, tmp: Path, **kw: Any) -> NodeConfig:

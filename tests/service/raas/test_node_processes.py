@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +31,6 @@ from fixtures.raas import (
 pytestmark = pytest.mark.e2e
 
 TESTS = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def store(weight_root: Path) -> Iterator[PolicyStore]:
-    """Policy 'policy' at version 0 in the served weight store."""
-    s = PolicyStore(weight_root)
-    yield s
-    s.close()
 
 
 def _start_node(
