@@ -7,21 +7,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
+from astraflow.raas.engines.base import GenerationRequest
 from astraflow.raas.engines.transformers import TransformersEngine
-from fixtures.models import tiny_spec
-
-
-def _engine(tmp_path: Path, **config: object) -> TransformersEngine:
-    from astraflow.models import build_tokenizer
-
-    spec = tiny_spec()
-    context = EngineContext(
-        policy="p", tokenizer=build_tokenizer(spec), work_dir=tmp_path, model=spec, seed=3
-    )
-    engine = build_engine({"type": "transformers", "device": "cpu", **config}, context)
-    assert isinstance(engine, TransformersEngine)
-    return engine
+from fixtures.raas import tiny_engine
 
 
 async def _trickle(engine: TransformersEngine, n: int, apart_s: float) -> None:
@@ -39,7 +27,7 @@ async def _trickle(engine: TransformersEngine, n: int, apart_s: float) -> None:
 
 async def test_requests_arriving_within_the_gap_share_one_batch(tmp_path: Path) -> None:
     # a 1 ms window alone would run each request arriving 30 ms apart on its own
-    engine = _engine(tmp_path, batch_wait_ms=1.0, batch_gap_ms=500.0, batch_max_wait_ms=20000.0)
+    engine = tiny_engine(tmp_path, batch_wait_ms=1.0, batch_gap_ms=500.0, batch_max_wait_ms=20000.0)
     try:
         await _trickle(engine, 6, apart_s=0.03)
         metrics = engine.metrics()
@@ -49,7 +37,7 @@ async def test_requests_arriving_within_the_gap_share_one_batch(tmp_path: Path) 
 
 
 async def test_the_stretched_window_is_capped(tmp_path: Path) -> None:
-    engine = _engine(tmp_path, batch_wait_ms=1.0, batch_gap_ms=60000.0, batch_max_wait_ms=50.0)
+    engine = tiny_engine(tmp_path, batch_wait_ms=1.0, batch_gap_ms=60000.0, batch_max_wait_ms=50.0)
     try:
         await _trickle(engine, 4, apart_s=0.4)  # arrivals keep coming, 1.2 s in all
         assert engine.metrics()["batches"] >= 2, "a batch waits batch_max_wait_ms at most"

@@ -14,19 +14,7 @@ from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_
 from astraflow.raas.engines.transformers import TransformersEngine
 from astraflow.weights import WeightClient
 from fixtures.models import tiny_spec
-from fixtures.raas import PolicyStore, recompute_logprobs
-
-
-def _engine(tmp_path: Path, **config: object) -> TransformersEngine:
-    from astraflow.models import build_tokenizer
-
-    spec = tiny_spec()
-    context = EngineContext(
-        policy="p", tokenizer=build_tokenizer(spec), work_dir=tmp_path, model=spec, seed=3
-    )
-    engine = build_engine({"type": "transformers", "device": "cpu", **config}, context)
-    assert isinstance(engine, TransformersEngine)
-    return engine
+from fixtures.raas import PolicyStore, recompute_logprobs, tiny_engine
 
 
 def _prompt(engine: TransformersEngine, text: str) -> tuple[int, ...]:
@@ -34,7 +22,7 @@ def _prompt(engine: TransformersEngine, text: str) -> tuple[int, ...]:
 
 
 async def test_logprobs_match_a_recomputation_by_the_model(tmp_path: Path) -> None:
-    engine = _engine(tmp_path)
+    engine = tiny_engine(tmp_path)
     try:
         requests = [
             GenerationRequest(_prompt(engine, p), max_new_tokens=12, temperature=t, top_k=k)
@@ -59,7 +47,7 @@ async def test_logprobs_match_a_recomputation_by_the_model(tmp_path: Path) -> No
 
 
 async def test_seeded_requests_repeat_exactly_alone_or_batched(tmp_path: Path) -> None:
-    engine = _engine(tmp_path)
+    engine = tiny_engine(tmp_path)
     try:
         seeded = [
             GenerationRequest(_prompt(engine, "1+1="), max_new_tokens=10, seed=i) for i in range(4)
@@ -74,7 +62,7 @@ async def test_seeded_requests_repeat_exactly_alone_or_batched(tmp_path: Path) -
 
 
 async def test_concurrent_calls_are_decoded_as_one_batch(tmp_path: Path) -> None:
-    engine = _engine(tmp_path, batch_wait_ms=50.0, max_batch_size=16)
+    engine = tiny_engine(tmp_path, batch_wait_ms=50.0, max_batch_size=16)
     sizes: list[int] = []
     original = engine._run_batch
 
@@ -94,7 +82,7 @@ async def test_concurrent_calls_are_decoded_as_one_batch(tmp_path: Path) -> None
 
 
 async def test_stop_strings_end_a_generation_and_stay_in_it(tmp_path: Path) -> None:
-    engine = _engine(tmp_path)
+    engine = tiny_engine(tmp_path)
     tok = engine.context.tokenizer
     try:
         free = (
@@ -126,7 +114,7 @@ async def test_stop_strings_end_a_generation_and_stay_in_it(tmp_path: Path) -> N
 
 
 async def test_bad_prompts_fail_only_their_own_request(tmp_path: Path) -> None:
-    engine = _engine(tmp_path, batch_wait_ms=30.0)
+    engine = tiny_engine(tmp_path, batch_wait_ms=30.0)
     try:
         good = GenerationRequest(_prompt(engine, "1+2="), max_new_tokens=3)
         too_big = GenerationRequest((5, 6, 10_000), max_new_tokens=3)
@@ -149,7 +137,7 @@ async def test_bad_prompts_fail_only_their_own_request(tmp_path: Path) -> None:
 
 
 async def test_closed_engine_refuses_and_fails_pending_requests(tmp_path: Path) -> None:
-    engine = _engine(tmp_path)
+    engine = tiny_engine(tmp_path)
     await engine.close()
     with pytest.raises(ServiceUnavailableError, match="closed"):
         await engine.generate([GenerationRequest((5, 6), max_new_tokens=2)])
@@ -234,7 +222,7 @@ async def test_weight_updates_land_between_batches_only(
     not __import__("torch").cuda.is_available(), reason="needs a CUDA device (none here)"
 )
 async def test_cuda_engine_samples_on_the_device_with_exact_logprobs(tmp_path: Path) -> None:
-    engine = _engine(tmp_path, device="cuda")
+    engine = tiny_engine(tmp_path, device="cuda")
     try:
         prompt = _prompt(engine, "1+2=")
         seeded = [GenerationRequest(prompt, max_new_tokens=10, seed=i) for i in range(4)]
