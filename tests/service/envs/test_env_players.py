@@ -16,38 +16,11 @@ from astraflow.models import TokenizerSpec, build_tokenizer
 from astraflow.raas.engines.base import EngineContext, build_engine
 from astraflow.raas.policy import NodePolicy
 from astraflow.records import Task
-from astraflow.workflows.api import Generation, Prompt, SamplingParams
 from astraflow.workflows.registry import WORKFLOWS
 from fixtures.models import tiny_spec
+from fixtures.raas import Recording
 
 ALPHABET = string.ascii_letters + string.digits + " []:,.!'()-\n"
-
-
-class Recording:
-    """A node policy that keeps the generations it returned."""
-
-    def __init__(self, inner: NodePolicy) -> None:
-        self.inner = inner
-        self.generations: list[Generation] = []
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.inner.tokenizer
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    async def generate(
-        self, prompt: Prompt, sampling: SamplingParams | None = None, *, n: int = 1
-    ) -> list[Generation]:
-        gens = await self.inner.generate(prompt, sampling, n=n)
-        self.generations += gens
-        return gens
 
 
 def _policy(name: str, tmp: Path, seed: int) -> Recording:

@@ -13,38 +13,11 @@ from astraflow.errors import EnvError
 from astraflow.raas.engines.base import EngineContext, build_engine
 from astraflow.raas.policy import NodePolicy
 from astraflow.records import Task
-from astraflow.workflows.api import Generation, PolicyHandle, Prompt, SamplingParams
+from astraflow.workflows.api import PolicyHandle
 from astraflow.workflows.registry import WORKFLOWS
 from fixtures.envs import COUNTDOWN
 from fixtures.models import tiny_spec
-from fixtures.raas import recompute_logprobs
-
-
-class Recording:
-    """A policy handle that keeps every generation its wrapped node policy returned."""
-
-    def __init__(self, inner: NodePolicy) -> None:
-        self.inner = inner
-        self.generations: list[Generation] = []
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.inner.tokenizer
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    async def generate(
-        self, prompt: Prompt, sampling: SamplingParams | None = None, *, n: int = 1
-    ) -> list[Generation]:
-        gens = await self.inner.generate(prompt, sampling, n=n)
-        self.generations += gens
-        return gens
+from fixtures.raas import Recording, recompute_logprobs
 
 
 def _policy(tmp: Path) -> Recording:
