@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
@@ -13,12 +12,13 @@ import pytest
 
 from astraflow.dataflow.client import DataflowClient
 from astraflow.errors import ServiceUnavailableError
-from astraflow.launch.local import LocalRun, RunResult
+from astraflow.launch.local import LocalRun
 from fixtures.launch import (
     leased_tasks,
     node_processes,
     processes_mentioning,
     reduced_quickstart,
+    running,
     task_states,
     wait_for,
 )
@@ -37,12 +37,7 @@ def test_pool_resize_and_node_crash_lose_no_task(tmp_path: Path) -> None:
         steps=100_000,
     )
     run = LocalRun(config, tick_s=0.5)
-    stop = threading.Event()
-    results: list[RunResult] = []
-    thread = threading.Thread(target=lambda: results.append(run.run(stop)))
-    thread.start()
-    client = DataflowClient(run.plan.dataflow_url, timeout_s=10)
-    try:
+    with running(run) as results, DataflowClient(run.plan.dataflow_url, timeout_s=10) as client:
 
         def version() -> int:
             try:  # the launcher may still be starting the service on a loaded machine
@@ -87,10 +82,6 @@ def test_pool_resize_and_node_crash_lose_no_task(tmp_path: Path) -> None:
         assert report.nodes[victim].lease_expiries >= len(orphaned)
         v_before = version()
         wait_for(lambda: version() >= v_before + 5, 60, "training to go on with one node")
-    finally:
-        stop.set()
-        thread.join(timeout=120)
-        client.close()
     assert results and results[0].reason == "stopped", results
     assert processes_mentioning(str(run_dir)) == []
 
@@ -129,18 +120,11 @@ def test_autoscaler_follows_the_dead_band_target(
         steps=100_000,
     )
     run = LocalRun(config, tick_s=0.5)
-    stop = threading.Event()
-    results: list[RunResult] = []
-    thread = threading.Thread(target=lambda: results.append(run.run(stop)))
-    thread.start()
-    try:
+    with running(run) as results:
         # each growth waits for the node before it to be seen (started, model loaded, leasing)
         wait_for(lambda: len(node_processes(run_dir)) == 3, 240, "the pool to grow to max_nodes")
         with DataflowClient(run.plan.dataflow_url, timeout_s=10) as client:
             assert client.pool_sizes().pools["local"].desired == 3
-    finally:
-        stop.set()
-        thread.join(timeout=120)
     assert results and results[0].reason == "stopped"
     decisions = run.pools.decisions
     assert [d.split(" (")[0] for d in decisions[:2]] == [

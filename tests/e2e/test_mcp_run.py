@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 from mcp import Client, StdioServerParameters
 
-from astraflow.launch.local import LocalRun, RunResult
+from astraflow.launch.local import LocalRun
 from fixtures.envs import subprocess_env
-from fixtures.launch import node_processes, processes_mentioning, reduced_quickstart, wait_for
+from fixtures.launch import (
+    node_processes,
+    processes_mentioning,
+    reduced_quickstart,
+    running,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -27,11 +32,7 @@ def test_set_pool_size_through_mcp_grows_a_live_run(tmp_path: Path) -> None:
         "policies.policy.warmup.steps=5", "pools.0.capacity=4", steps=100_000,
     )  # fmt: skip
     run = LocalRun(config, tick_s=0.5)
-    stop = threading.Event()
-    results: list[RunResult] = []
-    thread = threading.Thread(target=lambda: results.append(run.run(stop)))
-    thread.start()
-    try:
+    with running(run) as results:
         wait_for(lambda: (run_dir / "components" / "dataflow.json").is_file(), 120, "the service")
         wait_for(lambda: len(node_processes(run_dir)) == 1, 120, "the first node process")
         args = ["-m", "astraflow.cli.main", "mcp", "--run-dir", str(run_dir), "--poll-s", "0"]
@@ -48,8 +49,5 @@ def test_set_pool_size_through_mcp_grows_a_live_run(tmp_path: Path) -> None:
         assert asyncio.run(resize())["desired"] == 2
         # the launcher follows the desired size the tool set: a second node process starts
         wait_for(lambda: len(node_processes(run_dir)) == 2, 120, "a second node process")
-    finally:
-        stop.set()
-        thread.join(timeout=120)
     assert results and results[0].reason == "stopped", results
     assert processes_mentioning(str(run_dir)) == []
