@@ -35,6 +35,7 @@ __all__ = [
     "m2po_keep_mask",
     "policy_token_loss",
     "sft_token_loss",
+    "token_entropy",
     "token_logprobs",
     "truncated_is_weights",
 ]
@@ -85,6 +86,21 @@ def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: Tensor | floa
     picked = logits.gather(-1, targets).squeeze(-1)
     logp = picked - torch.logsumexp(logits, dim=-1)
     return torch.nn.functional.pad(logp, (1, 0))
+
+
+@torch.no_grad()
+def token_entropy(logits: Tensor, mask: Tensor, temperature: Tensor | float = 1.0) -> Tensor:
+    """Entropies (nats) of ``softmax(logits / T)`` at the positions that predict the tokens
+    where ``mask`` (``[B, L]``, aligned like :func:`token_logprobs`) is non-zero, in row-major
+    order: 1-D, one per such token. No gradient; only those positions are computed."""
+    picked = mask[:, 1:] != 0
+    chosen = logits[:, :-1][picked].float()  # [N, V]
+    if isinstance(temperature, Tensor):
+        rows = temperature.to(chosen.dtype).view(-1, 1).expand(picked.shape)
+        chosen = chosen / rows[picked].unsqueeze(-1)
+    elif temperature != 1.0:
+        chosen = chosen / temperature
+    return torch.logsumexp(chosen, dim=-1) - (chosen.softmax(dim=-1) * chosen).sum(dim=-1)
 
 
 def _sequence_mean(values: Tensor, mask: Tensor) -> Tensor:

@@ -39,7 +39,17 @@ from astraflow.trainer.config import LossConfig
 __all__ = ["PolicyUpdate"]
 
 # Per-rank sums reduced once per step, in this order.
-_SUMS = ("loss", "kl", "clipped", "is_capped", "is_ratio", "is_ratio_sq", "m2po_masked", "ntok")
+_SUMS = (
+    "loss",
+    "kl",
+    "entropy",
+    "clipped",
+    "is_capped",
+    "is_ratio",
+    "is_ratio_sq",
+    "m2po_masked",
+    "ntok",
+)
 _EXTREMES = ("is_ratio_max", "neg_is_ratio_min")
 
 
@@ -119,10 +129,14 @@ class PolicyUpdate:
             return contextlib.nullcontext()
         return torch.autocast(self.backend.device.type, dtype=dtype)
 
-    def _logprobs(self, model: nn.Module, mb: MicroBatch, grad: bool = False) -> Tensor:
+    def _logits(self, model: nn.Module, mb: MicroBatch, grad: bool = False) -> Tensor:
         ctx = contextlib.nullcontext() if grad else torch.no_grad()
         with ctx, self._autocast():
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+            logits: Tensor = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        return logits
+
+    def _logprobs(self, model: nn.Module, mb: MicroBatch) -> Tensor:
+        logits = self._logits(model, mb)
         return losses.token_logprobs(logits, mb.input_ids, mb.temperature)
 
     def _m2po_keep(self, mbs: list[MicroBatch], old: list[Tensor]) -> list[Tensor]:
@@ -146,7 +160,8 @@ class PolicyUpdate:
         acc: Tensor,
         ext: Tensor,
     ) -> None:
-        logp = self._logprobs(self.model, mb, grad=True)
+        logits = self._logits(self.model, mb, grad=True)
+        logp = losses.token_logprobs(logits, mb.input_ids, mb.temperature)
         if self.loss.type == "sft":
             per_token = losses.sft_token_loss(logp)
             kl = None
@@ -169,6 +184,8 @@ class PolicyUpdate:
         with torch.no_grad():
             acc[_SUMS.index("loss")] += float(total.detach())
             acc[_SUMS.index("ntok")] += float(keep.sum())
+            entropy = losses.token_entropy(logits.detach(), keep, mb.temperature)
+            acc[_SUMS.index("entropy")] += float(entropy.sum())
             if kl is not None:
                 acc[_SUMS.index("kl")] += float((kl.detach() * keep).sum())
 
@@ -185,7 +202,7 @@ class PolicyUpdate:
         extremes = _all_gather_1d(self.backend, ext).view(-1, len(_EXTREMES)).max(dim=0).values
         s = dict(zip(_SUMS, sums.tolist(), strict=True))
         n = max(s["ntok"], 1.0)
-        out = {"loss": s["loss"] / n, "trained_tokens": s["ntok"]}
+        out = {"loss": s["loss"] / n, "entropy": s["entropy"] / n, "trained_tokens": s["ntok"]}
         if self.loss.type != "sft":
             beh = max(s["ntok"] + s["m2po_masked"], 1.0)
             mean = s["is_ratio"] / beh

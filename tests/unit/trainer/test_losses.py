@@ -42,6 +42,24 @@ def test_token_logprobs_shift_and_temperature() -> None:
     assert hot.tolist()[0] == pytest.approx([0.0, math.log(s3 / (1 + s3)), math.log(0.5)])
 
 
+def test_token_entropy_shift_and_temperature() -> None:
+    ln3 = math.log(3.0)
+    logits = torch.tensor([[[0.0, ln3], [0.0, 0.0], [5.0, -5.0]]])  # [B=1, L=3, V=2]
+
+    def h(p: float) -> float:  # entropy of a two-way distribution (p, 1 - p), in nats
+        return -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+    every = torch.ones(1, 3)  # the tokens at positions 1 and 2: predicted from (1/4, 3/4), uniform
+    assert losses.token_entropy(logits, every).tolist() == pytest.approx([h(0.25), math.log(2)])
+    s3 = math.sqrt(3.0)  # at T = 2: softmax([0, ln3 / 2]) = [1, sqrt 3] / (1 + sqrt 3)
+    hot = losses.token_entropy(logits, every, torch.tensor([2.0]))
+    assert hot.tolist() == pytest.approx([h(1 / (1 + s3)), math.log(2)])
+    assert losses.token_entropy(logits, torch.tensor([[1.0, 0.0, 1.0]])).tolist() == pytest.approx(
+        [math.log(2)]
+    )
+    assert not losses.token_entropy(logits.requires_grad_(), every).requires_grad
+
+
 def test_importance_ratio_token_and_sequence() -> None:
     logp = torch.tensor([[0.0, -1.0, -2.0, -3.0]])
     old = torch.tensor([[0.0, -1.2, -1.6, 0.0]])

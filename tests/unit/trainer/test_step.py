@@ -48,9 +48,13 @@ def test_grpo_step_raises_rewarded_and_lowers_penalised(
     good0 = _completion_logp(tiny_model, tok, "1+2=", "3")
     bad0 = _completion_logp(tiny_model, tok, "1+2=", "5")
     update = _update(tiny_model, LossConfig(type="grpo"), lr=3e-3)
+    x = torch.tensor([tok.encode("1+2=3", add_special_tokens=False)])
+    with torch.no_grad():  # the policy's entropy where it chose the answer (before the update)
+        before = torch.distributions.Categorical(logits=tiny_model(input_ids=x).logits[0, -2])
     stats = update.run(batch)
     assert stats["is_ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy data
     assert stats["trained_tokens"] == 2 and stats["reward_mean"] == 0.5
+    assert stats["entropy"] == pytest.approx(float(before.entropy()), rel=1e-4)
     good1 = _completion_logp(tiny_model, tok, "1+2=", "3")
     bad1 = _completion_logp(tiny_model, tok, "1+2=", "5")
     assert good1 > good0 + 1e-3
