@@ -18,6 +18,11 @@ Figures for each (RL start = the first GRPO step; warm-up excluded):
                  eval prompts) first reached the version-0 accuracy + 0.30
   final          greedy accuracy of the last version
   stale dropped  (astraflow) samples dropped as stale / samples generated
+  CPU s/step     CPU seconds (user + system, every thread) spent per GRPO step during RL
+                 time: for astraflow the sum over all its processes (launcher, dataflow,
+                 trainer, node, evaluator; sampled from /proc), split by component; for TRL
+                 its process without the evaluations. Other jobs' load stretches wall time
+                 far more than it changes this figure.
 and the ratios astraflow / TRL. The machine is shared: the load average is printed before
 each run; only the ratio of two runs measured one after the other means anything.
 
@@ -36,8 +41,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +62,14 @@ class Figures:
     curve: list[tuple[float, float]]
     """(seconds since RL start, greedy accuracy)."""
     stale: str = "-"
+    cpu_s: float | None = None
+    """CPU seconds spent during RL time (all processes of the system)."""
+    cpu_split: dict[str, float] = field(default_factory=dict)
+    """``cpu_s`` by component."""
+
+    @property
+    def cpu_per_step(self) -> float | None:
+        return None if self.cpu_s is None else self.cpu_s / self.steps
 
     @property
     def steps_per_s(self) -> float:
@@ -79,6 +93,88 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+# --------------------------------------------------------------------------- CPU time
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_KINDS = (("train", "trainer"), ("raas serve", "node"), ("dataflow serve", "dataflow"),
+          (" eval ", "eval"), ("weights", "weights"))  # fmt: skip
+
+
+def _kind(pid: int) -> str:
+    try:
+        args = " " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() + " "
+    except OSError:
+        return "other"
+    return next((kind for key, kind in _KINDS if key in args), "launcher")
+
+
+class TreeCpu:
+    """Samples the cumulative CPU seconds of a process and its descendants from /proc (Linux),
+    so the CPU spent between two wall-clock instants can be read off afterwards."""
+
+    def __init__(self, root: int, every_s: float = 0.25) -> None:
+        self.root, self.every_s = root, every_s
+        self.seen: dict[int, tuple[str, float]] = {}
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TreeCpu:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.sample()
+
+    def sample(self) -> None:
+        parents: dict[int, int] = {}
+        cpu: dict[int, float] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            pid = int(entry.name)
+            parents[pid] = int(fields[1])
+            cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICK
+        mine, frontier = {self.root}, [self.root]
+        children: dict[int, list[int]] = {}
+        for pid, ppid in parents.items():
+            children.setdefault(ppid, []).append(pid)
+        while frontier:
+            for child in children.get(frontier.pop(), []):
+                if child not in mine:
+                    mine.add(child)
+                    frontier.append(child)
+        for pid in mine & cpu.keys():
+            kind = self.seen[pid][0] if pid in self.seen else _kind(pid)
+            self.seen[pid] = (kind, max(cpu[pid], self.seen.get(pid, ("", 0.0))[1]))
+        totals: dict[str, float] = {}
+        for kind, seconds in self.seen.values():
+            totals[kind] = totals.get(kind, 0.0) + seconds
+        self.samples.append((time.time(), totals))
+
+    def at(self, when: float) -> dict[str, float]:
+        """Cumulative CPU seconds by kind at the last sample at or before ``when``."""
+        best = self.samples[0][1] if self.samples else {}
+        for t, totals in self.samples:
+            if t > when:
+                break
+            best = totals
+        return best
+
+    def between(self, start: float, end: float) -> dict[str, float]:
+        a, b = self.at(start), self.at(end)
+        return {k: b[k] - a.get(k, 0.0) for k in sorted(b)}
+
+
 # --------------------------------------------------------------------------- astraflow
 
 
@@ -88,10 +184,15 @@ def run_astraflow(steps: int, work: Path, *, reuse: bool = False) -> Figures:
     run_dir = work / "astraflow"
     cmd = [sys.executable, "-m", "astraflow", "run", str(QUICKSTART), "--run-dir", str(run_dir),
            "--set", f"policies.policy.trainer.max_steps={steps}"]  # fmt: skip
+    cpu: TreeCpu | None = None
     if not reuse:
         print(f"astraflow: load {_load()}; {' '.join(cmd[1:])}", flush=True)
         with (work / "astraflow.out").open("wb") as out:
-            subprocess.run(cmd, check=True, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+            with TreeCpu(proc.pid) as cpu:
+                code = proc.wait()
+        if code:
+            raise subprocess.CalledProcessError(code, cmd)
     metrics = _jsonl(run_dir / "trainers" / "policy" / "metrics.jsonl")
     evals = _jsonl(run_dir / "eval" / "policy.jsonl")
     first = metrics[0]  # RL start: the first step's take began (version 0 just published)
@@ -105,7 +206,11 @@ def run_astraflow(steps: int, work: Path, *, reuse: bool = False) -> Figures:
              "served_samples")  # fmt: skip
     made = sum(report[k] for k in kinds)
     stale = f"{100 * report['stale_dropped_samples'] / max(1, made):.1f}% of {made}"
-    return Figures("astraflow", len(metrics), rl_s, curve, stale)
+    figures = Figures("astraflow", len(metrics), rl_s, curve, stale)
+    if cpu is not None and cpu.samples:
+        figures.cpu_split = cpu.between(start, metrics[-1]["time"])
+        figures.cpu_s = sum(figures.cpu_split.values())
+    return figures
 
 
 # --------------------------------------------------------------------------- TRL
@@ -179,18 +284,24 @@ def run_trl(steps: int, work: Path, eval_every: int, threads: int) -> Figures:
         def __init__(self) -> None:
             self.start = 0.0
             self.excluded = 0.0
+            self.cpu_start = 0.0
+            self.cpu_excluded = 0.0
             self.curve: list[tuple[float, float]] = []
 
         def now(self) -> float:
             return time.perf_counter() - self.start - self.excluded
 
+        def cpu(self) -> float:
+            return time.process_time() - self.cpu_start - self.cpu_excluded
+
         def measure(self, at: float) -> None:
-            began = time.perf_counter()
+            began, cpu_began = time.perf_counter(), time.process_time()
             self.curve.append((at, greedy_accuracy()))
             self.excluded += time.perf_counter() - began
+            self.cpu_excluded += time.process_time() - cpu_began
 
         def on_train_begin(self, *a: Any, **k: Any) -> None:
-            self.start = time.perf_counter()
+            self.start, self.cpu_start = time.perf_counter(), time.process_time()
             self.measure(0.0)
 
         def on_step_end(self, args: Any, state: Any, *a: Any, **k: Any) -> None:
@@ -216,7 +327,9 @@ def run_trl(steps: int, work: Path, eval_every: int, threads: int) -> Figures:
     )  # fmt: skip
     print(f"TRL: load {_load()}; GRPOTrainer, {steps} steps, {threads} torch threads", flush=True)
     trainer.train()
-    return Figures("TRL", steps, clock.curve[-1][0], clock.curve)
+    cpu_s = clock.cpu()
+    return Figures("TRL", steps, clock.curve[-1][0], clock.curve, cpu_s=cpu_s,
+                   cpu_split={"trl": cpu_s})  # fmt: skip
 
 
 def read_quickstart() -> dict[str, Any]:
@@ -233,14 +346,22 @@ def report(results: list[Figures]) -> None:
         return "never" if v is None else format(v, spec)
 
     print(f"\n{'':10} {'steps':>6} {'RL s':>7} {'steps/s':>8} {'+30 pts s':>10} "
-          f"{'v0 acc':>7} {'final':>6}  stale dropped")  # fmt: skip
+          f"{'v0 acc':>7} {'final':>6} {'CPU s/step':>10}  stale dropped")  # fmt: skip
     for r in results:
         print(f"{r.name:10} {r.steps:6d} {r.rl_s:7.1f} {r.steps_per_s:8.2f} "
-              f"{fmt(r.to_gain):>10} {r.curve[0][1]:7.3f} {r.final:6.3f}  {r.stale}")  # fmt: skip
+              f"{fmt(r.to_gain):>10} {r.curve[0][1]:7.3f} {r.final:6.3f} "
+              f"{fmt(r.cpu_per_step, '.4f'):>10}  {r.stale}")  # fmt: skip
+    for r in results:
+        if r.cpu_split:
+            split = ", ".join(f"{k} {1000 * v / r.steps:.1f}" for k, v in r.cpu_split.items())
+            print(f"{r.name}: CPU ms per step by component: {split}")
     by = {r.name: r for r in results}
     if {"astraflow", "TRL"} <= set(by):
         a, t = by["astraflow"], by["TRL"]
         print(f"\nastraflow / TRL steps/s: {a.steps_per_s / t.steps_per_s:.2f}x")
+        if a.cpu_per_step and t.cpu_per_step:
+            print(f"TRL / astraflow CPU s per step: {t.cpu_per_step / a.cpu_per_step:.2f}x "
+                  "(above 1: astraflow spends less CPU per step)")  # fmt: skip
         if a.to_gain is not None and t.to_gain is not None:
             print(f"TRL / astraflow seconds to +30 points: {t.to_gain / a.to_gain:.2f}x")
 

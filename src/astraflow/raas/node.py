@@ -207,10 +207,13 @@ class RolloutNode:
         """The stats reported with the next lease or heartbeat."""
         tokens = sum(p.generated_tokens for p in self.policies.values())
         stats = self.meter.snapshot(len(self._running), tokens)
-        busy = {  # cumulative seconds each engine spent generating (its utilisation)
-            f"busy_s.{name}": float(p.engine.metrics().get("busy_s", 0.0))
-            for name, p in self.policies.items()
-        }
+        busy: dict[str, float] = {}
+        for name, p in self.policies.items():
+            figures = p.engine.metrics()
+            # cumulative seconds each engine spent generating (its utilisation)
+            busy[f"busy_s.{name}"] = float(figures.get("busy_s", 0.0))
+            if "mean_batch_size" in figures:  # how well concurrent requests share a batch
+                busy[f"batch_size.{name}"] = float(figures["mean_batch_size"])
         busy |= {  # the last weight refresh's duration per policy (the weight-transfer time)
             f"refresh_s.{name}": p.refresh_s
             for name, p in self.policies.items()
