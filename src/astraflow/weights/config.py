@@ -18,5 +18,12 @@ class WeightStoreConfig(ConfigModel):
     """Keep at least the newest this many versions (plus what their chains need)."""
     zstd_level: int = Field(default=1, ge=1, le=22)
     """zstd level of delta blobs (1 is fastest; higher gains little on deltas)."""
+    compress_deltas: bool = True
+    """Encode each changed tensor as a compressed bit-exact difference (the smallest of the
+    delta encodings). False stores a changed tensor's new bytes as they are (``raw``): no
+    diff or zstd work for the trainer's writer nor for the nodes that apply it, at the cost of
+    bytes. Worth it where bytes are cheap and most values change every step anyway (fp32
+    weights read from a local disk: the deltas of the quickstart's 1.6 MB compress only to
+    1.0 MB)."""
     max_pending: int = Field(default=2, ge=1)
     """Publishes queued at once; a further publish() waits (each holds a host copy)."""

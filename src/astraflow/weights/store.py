@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
 import safetensors.torch
 import torch
 import xxhash
@@ -77,6 +78,8 @@ class WeightStore:
         self._scheduled: dict[str, int] = {}
         self._previous: dict[str, _Previous] = {}
         self._last_full: dict[str, int] = {}
+        self._floors: dict[str, int] = {}
+        """The retention floor each policy's merged deltas were last collected at."""
         self._closed = False
 
     def publish_assets(self, policy: str, directory: str | Path) -> None:
@@ -202,8 +205,14 @@ class WeightStore:
                 checksum=tensor_checksum(new.data),
             )
             if base is not None:
-                change = codec.diff(bits(base.tensors[name]), new)
-                encoding, blob = codec.encode(change, new, self.config.zstd_level)
+                old = bits(base.tensors[name])
+                if self.config.compress_deltas:
+                    change = codec.diff(old, new)
+                    encoding, blob = codec.encode(change, new, self.config.zstd_level)
+                elif np.array_equal(old, new):
+                    encoding, blob = "same", b""
+                else:
+                    encoding, blob = "raw", new.tobytes()
                 entry = entry.model_copy(
                     update={"encoding": encoding, "offset": offset, "length": len(blob)}
                 )
@@ -249,7 +258,9 @@ class WeightStore:
             vdir = version_dir(policy, v)
             self.files.remove(f"{vdir}/{MANIFEST_FILE}")  # the version ceases to exist first
             self.files.remove(vdir)
-        self._collect_merged(policy, floor)
+        if self._floors.get(policy) != floor:  # merged deltas only go when the floor moves
+            self._collect_merged(policy, floor)
+            self._floors[policy] = floor
         if doomed:
             logger.info("collected policy=%s versions=%s floor=%d", policy, doomed, floor)
         return doomed

@@ -75,6 +75,24 @@ def test_real_adam_steps_round_trip_bit_exact(tmp_path: Path, dtype: str) -> Non
         assert manifests[2].size_of(DELTA_FILE) < 0.25 * manifests[0].size_of(FULL_FILE)
 
 
+def test_uncompressed_deltas_store_changed_tensors_raw_and_pull_bit_exact(tmp_path: Path) -> None:
+    states = _adam("float32")
+    states = [*states, _copy(states[-1])]  # a step that changes nothing: every tensor "same"
+    config = WeightStoreConfig(full_every=10, compress_deltas=False)
+    with WeightStore(tmp_path, config) as store:
+        manifests = [store.publish("p", v, s).result(timeout=60) for v, s in enumerate(states)]
+    assert {t.encoding for m in manifests[1:4] for t in m.tensors} == {"raw"}
+    assert {t.encoding for t in manifests[4].tensors} == {"same"}
+    raw_bytes = sum(t.numel() * t.element_size() for t in states[2].values())
+    assert manifests[2].size_of(DELTA_FILE) == raw_bytes  # the new values, uncompressed
+    client = WeightClient(tmp_path)
+    for have in range(4):
+        node = _copy(states[have])
+        stats = client.pull("p", node, have=have, want=4)
+        assert _same(node, states[4]), have
+        assert stats.path in ("chain", "full")
+
+
 def test_chain_of_ten_versions_with_full_every_four(tmp_path: Path) -> None:
     states = _perturbed_chain(11)
     with WeightStore(tmp_path, WeightStoreConfig(full_every=4, keep=100)) as store:
