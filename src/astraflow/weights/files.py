@@ -6,6 +6,7 @@ trainer's dependencies.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -58,6 +59,15 @@ class StoreFiles:
 
     def versions(self, policy: str) -> list[int]:
         """Versions of ``policy`` whose manifest exists, ascending."""
+        if self.local:  # a directory listing, not fsspec's recursive walk of every version
+            top = Path(self.path(check_policy(policy)))
+            try:
+                names = [e.name for e in os.scandir(top) if e.name[:1] == "v" and e.is_dir()]
+            except FileNotFoundError:
+                return []
+            return sorted(
+                int(n[1:]) for n in names if n[1:].isdigit() and (top / n / MANIFEST_FILE).exists()
+            )
         pattern = self.path(f"{check_policy(policy)}/v*/{MANIFEST_FILE}")
         found = []
         for path in self.fs.glob(pattern):
