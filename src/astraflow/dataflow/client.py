@@ -60,6 +60,10 @@ __all__ = ["AsyncDataflowClient", "DataflowClient", "ssl_context"]
 T = TypeVar("T", bound=BaseModel)
 
 _MAX_BACKOFF_S = 5.0
+#: Connections an asyncio client keeps to the service. Concurrent calls beyond it queue in
+#: the pool: a node whose tasks end together (one engine batch) would otherwise open one
+#: connection per task, and httpcore checks every pooled connection on each request.
+_ASYNC_CONNECTIONS = 4
 
 
 Body = tuple[bytes, dict[str, str]]
@@ -339,8 +343,10 @@ class AsyncDataflowClient(_Base):
 
     def _open(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            base_url=self.url, headers=self._headers, timeout=self.timeout_s, verify=ssl_context()
-        )
+            base_url=self.url, headers=self._headers, timeout=self.timeout_s, verify=ssl_context(),
+            limits=httpx.Limits(max_connections=_ASYNC_CONNECTIONS,
+                                max_keepalive_connections=_ASYNC_CONNECTIONS),
+        )  # fmt: skip
 
     async def _call(self, call: _Call[R]) -> R:
         tries = self._tries(call)
