@@ -63,6 +63,7 @@ from astraflow.records import (
     ReleaseRequest,
     RenewRequest,
     Role,
+    SubmitManyRequest,
     SubmitRequest,
     TakeBatchRequest,
 )
@@ -262,6 +263,7 @@ class _Routes:
         return {
             "health": self.health, "lease": self.lease, "renew": call(RenewRequest, s.renew),
             "submit": call(SubmitRequest, s.submit), "fail": call(FailRequest, s.fail),
+            "submit_many": call(SubmitManyRequest, s.submit_many),
             "release": call(ReleaseRequest, s.release), "take": self.take, "ack": self.ack,
             "announce": call(PolicyVersion, s.announce), "versions": self.versions,
             "report": self.report, "pool_sizes": self.pool_sizes,

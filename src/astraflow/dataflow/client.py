@@ -46,6 +46,8 @@ from astraflow.records import (
     ReleaseRequest,
     RenewReply,
     RenewRequest,
+    SubmitManyReply,
+    SubmitManyRequest,
     SubmitReply,
     SubmitRequest,
     TakeBatchRequest,
@@ -165,6 +167,7 @@ HEALTH = Endpoint("GET", "/v1/health", _dict)
 LEASE = Endpoint("POST", "/v1/lease", _reply(LeaseReply))
 RENEW = Endpoint("POST", "/v1/renew", _reply(RenewReply))
 SUBMIT = Endpoint("POST", "/v1/submit", _reply(SubmitReply), _msgpack_body)
+SUBMIT_MANY = Endpoint("POST", "/v1/submit/many", _reply(SubmitManyReply), _msgpack_body)
 FAIL = Endpoint("POST", "/v1/fail", _reply(FailReply))
 RELEASE = Endpoint("POST", "/v1/release", _reply(ReleaseReply))
 TAKE = Endpoint("POST", "/v1/batches/take", _batch)
@@ -280,6 +283,10 @@ class DataflowClient(_Base):
         """Submit a task's samples (idempotent on ``(task_id, attempt)``: safe to retry)."""
         return self._call(SUBMIT(req))
 
+    def submit_many(self, req: SubmitManyRequest) -> SubmitManyReply:
+        """Several tasks' samples in one request: one outcome each (idempotent, like submit)."""
+        return self._call(SUBMIT_MANY(req))
+
     def fail(self, req: FailRequest) -> FailReply:
         """Report a failed task."""
         return self._call(FAIL(req))
@@ -378,6 +385,10 @@ class AsyncDataflowClient(_Base):
     async def submit(self, req: SubmitRequest) -> SubmitReply:
         """Submit a task's samples (idempotent on ``(task_id, attempt)``: safe to retry)."""
         return await self._call(SUBMIT(req))
+
+    async def submit_many(self, req: SubmitManyRequest) -> SubmitManyReply:
+        """Several tasks' samples in one request: one outcome each (idempotent, like submit)."""
+        return await self._call(SUBMIT_MANY(req))
 
     async def fail(self, req: FailRequest) -> FailReply:
         """Report a failed task."""

@@ -37,6 +37,8 @@ from astraflow.records import (
     RenewReply,
     RenewRequest,
     Role,
+    SubmitManyReply,
+    SubmitManyRequest,
     SubmitReply,
     SubmitRequest,
     TakeBatchRequest,
@@ -72,6 +74,9 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
     Endpoint("renew", "POST", "/v1/renew", "node", RenewRequest, RenewReply, "Renew leases"),
     Endpoint("submit", "POST", "/v1/submit", "node", SubmitRequest, SubmitReply,
              "Submit a task's samples (idempotent on task_id, attempt)"),
+    Endpoint("submit_many", "POST", "/v1/submit/many", "node", SubmitManyRequest,
+             SubmitManyReply, "Submit several tasks' samples, each as by /v1/submit (one "
+             "outcome each, in order: its reply or its error)"),
     Endpoint("fail", "POST", "/v1/fail", "node", FailRequest, FailReply, "Report a failed task"),
     Endpoint("release", "POST", "/v1/release", "node", ReleaseRequest, ReleaseReply,
              "Hand leases back"),

@@ -34,7 +34,7 @@ from astraflow.dataflow.report import Telemetry, build_report
 from astraflow.dataflow.sources import Catalog, load_source
 from astraflow.dataflow.store import Store
 from astraflow.dataflow.tasks import TaskQueue
-from astraflow.errors import ConflictError, NotFoundError
+from astraflow.errors import AstraflowError, ConflictError, NotFoundError
 from astraflow.records import (
     AckRequest,
     AnnounceReply,
@@ -51,6 +51,9 @@ from astraflow.records import (
     ReleaseRequest,
     RenewReply,
     RenewRequest,
+    SubmitManyReply,
+    SubmitManyRequest,
+    SubmitOutcome,
     SubmitReply,
     SubmitRequest,
     TakeBatchRequest,
@@ -287,6 +290,17 @@ class DataflowService:
             self.telemetry.completed(req.node_id, pool, len(req.samples))
         self._notify(set(kept))
         return reply
+
+    def submit_many(self, req: SubmitManyRequest) -> SubmitManyReply:
+        """Several submissions, each handled as by :meth:`submit`, in order; a submission
+        that fails gets its error body in its outcome and the others go on."""
+        outcomes = []
+        for one in req.submits:
+            try:
+                outcomes.append(SubmitOutcome(reply=self.submit(one)))
+            except AstraflowError as exc:
+                outcomes.append(SubmitOutcome(error=exc.to_wire()["error"]))
+        return SubmitManyReply(outcomes=outcomes)
 
     def fail(self, req: FailRequest) -> FailReply:
         """Count a failed attempt: re-queue it, or fail the task after ``max_attempts``."""

@@ -68,6 +68,11 @@ class NodeSettings(ConfigModel):
     lease_wait_s: float = Field(default=0.05, ge=0)
     """When some slots free up while tasks still run, wait up to this long for more to free
     before leasing: tasks leased together generate together (bigger engine batches)."""
+    submit_wait_s: float = Field(default=0.005, ge=0)
+    """Tasks that finish within this long of each other submit their samples in one request
+    (``/v1/submit/many``): tasks that generated in one engine batch end together, and one
+    request for all of them costs the node and the dataflow far less than one each. 0: one
+    request per task."""
     idle_wait_s: float = Field(default=1.0, gt=0)
     """Wait before leasing again after an empty reply that named no retry time."""
     request_timeout_s: float = Field(default=30.0, gt=0)

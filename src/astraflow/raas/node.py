@@ -191,6 +191,8 @@ class RolloutNode:
         for running in list(self._running.values()):
             running.runner.cancel()
         await asyncio.gather(*(r.runner for r in self._running.values()), return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.close()
         if self.endpoint is not None:
             await self.endpoint.stop()
         for policy in self.policies.values():
@@ -219,6 +221,8 @@ class RolloutNode:
             for name, p in self.policies.items()
             if p.refresh_s is not None
         }
+        if self._runner is not None:  # submit requests sent (fewer than tasks: coalesced)
+            busy["submit_requests"] = float(self._runner.submits.requests)
         if self.endpoint is not None:  # the agent endpoint's capture figures (segments ...)
             busy.update({f"agent.{k}": v for k, v in self.endpoint.metrics().items()})
         return stats.model_copy(update={"extra": {**stats.extra, **busy}}) if busy else stats

@@ -21,6 +21,7 @@ from astraflow.raas.config import NodeConfig
 from astraflow.raas.io import TaskFeed
 from astraflow.raas.policy import NodePolicy
 from astraflow.raas.stats import NodeMeter
+from astraflow.raas.submits import SubmitCoalescer
 from astraflow.records import FailRequest, Sample, SubmitRequest, Task
 from astraflow.workflows.api import Tool, Workflow
 
@@ -47,6 +48,8 @@ class TaskRunner:
         self.workflows = workflows
         self.tools = tools
         self.meter = meter
+        self.submits = SubmitCoalescer(dataflow, config.submit_wait_s)
+        """Tasks that end together submit in one request."""
 
     async def run(self, task: Task, secret: str) -> None:
         """Run ``task`` to a submit or a fail report (both carry the lease ``secret``); only
@@ -101,7 +104,7 @@ class TaskRunner:
             samples=samples,
         )
         try:
-            reply = await self._dataflow.submit(request)
+            reply = await self.submits.submit(request)
         except LeaseLostError as exc:
             log.info(
                 "submit after lease loss task=%s attempt=%d: %s", task.task_id, task.attempt, exc
@@ -121,6 +124,10 @@ class TaskRunner:
             len(samples),
             reply.accepted,
         )
+
+    async def close(self) -> None:
+        """Send the submissions still held and wait for those in flight."""
+        await self.submits.close()
 
     async def _fail(self, task: Task, secret: str, error: str) -> None:
         self.meter.task_failed()

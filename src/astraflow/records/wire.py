@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from astraflow.errors import ValidationError
-from astraflow.records.validators import ordered_fields
+from astraflow.records.validators import exactly_one, ordered_fields
 
 WIRE_VERSION: Final = "v1"
 MSGPACK_MEDIA_TYPE: Final = "application/msgpack"
@@ -425,6 +425,35 @@ class SubmitReply(Record):
     """Samples buffered per policy after the trajectory filters."""
     dropped: dict[Name, str] = Field(default_factory=dict)
     """Policies whose group a filter dropped, with the filter's reason."""
+
+
+#: Most submissions one ``/v1/submit/many`` request carries.
+MAX_SUBMITS: Final = 1024
+
+
+class SubmitManyRequest(Record):
+    """Several tasks' submissions in one request: each is handled exactly as its own
+    ``/v1/submit`` would be (authorised, deduplicated, stored), one after the other; one that
+    fails does not stop the others. A node whose tasks finish together (one engine batch)
+    sends one request instead of one per task."""
+
+    submits: list[SubmitRequest] = Field(min_length=1, max_length=MAX_SUBMITS)
+
+
+class SubmitOutcome(Record):
+    """What happened to one submission of a ``SubmitManyRequest``: its reply, or the error
+    body its own ``/v1/submit`` would have answered with (``{"code", "message", ...}``)."""
+
+    reply: SubmitReply | None = None
+    error: dict[str, Any] | None = None
+
+    _one = exactly_one("reply", "error", "an outcome holds exactly one of 'reply' or 'error'")
+
+
+class SubmitManyReply(Record):
+    """One outcome per submission, in the request's order."""
+
+    outcomes: list[SubmitOutcome]
 
 
 class FailRequest(Record):

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from astraflow.dataflow.client import AsyncDataflowClient, DataflowClient
 from astraflow.errors import LeaseForbiddenError, NotFoundError, ServiceUnavailableError
+from astraflow.raas.submits import SubmitCoalescer
 from astraflow.records import (
     AckRequest,
     LeaseRequest,
@@ -193,6 +194,28 @@ async def test_async_client(dataflow_server: str) -> None:
             await c.ack(AckRequest(batch_id="missing"))
         assert (await c.versions()) == {}
         assert (await c.report()).policies["solver"].acked_samples == 6
+
+        # tasks that end together submit in one /v1/submit/many; each gets its own outcome
+        reply = await c.lease(LeaseRequest(node_id="a1", capacity=3, workflows=["rlvr"]))
+        good, other, forged = reply.tasks
+
+        def req(t: Task, secret: str | None = None) -> SubmitRequest:
+            secret = secret or reply.secrets[t.task_id]
+            return SubmitRequest(node_id="a1", task_id=t.task_id, attempt=t.attempt,
+                                 samples=make_group(t), secret=secret)  # fmt: skip
+
+        coalescer = SubmitCoalescer(c, wait_s=0.2)
+        outcomes = await asyncio.gather(
+            coalescer.submit(req(good)), coalescer.submit(req(other)),
+            coalescer.submit(req(forged, secret="0" * 32)), return_exceptions=True,
+        )  # fmt: skip
+        assert coalescer.requests == 1
+        assert [type(o).__name__ for o in outcomes] == ["SubmitReply", "SubmitReply",
+                                                        "LeaseForbiddenError"]  # fmt: skip
+        assert all(o.accepted for o in outcomes[:2])  # type: ignore[union-attr]
+        again = await coalescer.submit(req(good))  # alone: a plain /v1/submit
+        assert again.duplicate and coalescer.requests == 2
+        assert (await c.report()).policies["solver"].buffered_samples == 4
 
 
 def test_client_gives_up_on_a_dead_service() -> None:
