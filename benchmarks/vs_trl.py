@@ -96,16 +96,21 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- CPU time
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_KINDS = (("train", "trainer"), ("raas serve", "node"), ("dataflow serve", "dataflow"),
-          (" eval ", "eval"), ("weights", "weights"))  # fmt: skip
+_KINDS = {"train": "trainer", "raas": "node", "dataflow": "dataflow", "eval": "eval",
+          "weights": "weights"}  # fmt: skip
 
 
 def _kind(pid: int) -> str:
+    """The component a process runs (``python -m astraflow <command>``), else ``launcher``."""
     try:
-        args = " " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode() + " "
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
-        return "other"
-    return next((kind for key, kind in _KINDS if key in args), "launcher")
+        return "launcher"
+    words = [a.decode(errors="replace") for a in args]
+    for i, word in enumerate(words[:-1]):
+        if word == "astraflow" and i > 0 and words[i - 1] == "-m":
+            return _KINDS.get(words[i + 1], "launcher")
+    return "launcher"
 
 
 class TreeCpu:
@@ -154,7 +159,9 @@ class TreeCpu:
                     mine.add(child)
                     frontier.append(child)
         for pid in mine & cpu.keys():
-            kind = self.seen[pid][0] if pid in self.seen else _kind(pid)
+            known = self.seen.get(pid, ("launcher", 0.0))[0]
+            # a child reads as the launcher between fork and exec: look again until it is not
+            kind = known if known != "launcher" else _kind(pid)
             self.seen[pid] = (kind, max(cpu[pid], self.seen.get(pid, ("", 0.0))[1]))
         totals: dict[str, float] = {}
         for kind, seconds in self.seen.values():
