@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -101,6 +102,11 @@ class SandboxConfig(ConfigModel):
     """Let the program import installed packages (off: standard library only)."""
     max_concurrency: int = Field(default=2, ge=1)
     """Sandboxed runs at once from one ``Sandbox`` (async callers wait their turn)."""
+    cache_size: int = Field(default=0, ge=0)
+    """Distinct programs whose results ``run`` remembers (least recently used dropped): an
+    identical program is answered from memory instead of run again. Timeouts and kills are
+    not remembered (the machine may be at fault). For deterministic programs only (tiny models
+    on generated tasks repeat their answers); 0: off."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,7 @@ class Sandbox:
         self._prefix = _resolve_namespaces(self.config.isolation)
         self._cgroup_root = _resolve_cgroup(self.config.pids_cgroup, self._prefix)
         self._gate = Gate(self.config.max_concurrency)
+        self._cache: OrderedDict[tuple[str, float | None], SandboxResult] = OrderedDict()
 
     def layers(self) -> dict[str, bool]:
         """Which isolation layers are in force on this machine."""
@@ -145,8 +152,17 @@ class Sandbox:
 
     async def run(self, program: str, *, time_limit_s: float | None = None) -> SandboxResult:
         """Run ``program`` (Python source) without blocking the event loop."""
+        key = (program, time_limit_s)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
         async with self._gate:
-            return await asyncio.to_thread(self.run_sync, program, time_limit_s=time_limit_s)
+            result = await asyncio.to_thread(self.run_sync, program, time_limit_s=time_limit_s)
+        if self.config.cache_size and result.status in ("ok", "error"):
+            self._cache[key] = result
+            while len(self._cache) > self.config.cache_size:
+                self._cache.popitem(last=False)
+        return result
 
     def run_sync(self, program: str, *, time_limit_s: float | None = None) -> SandboxResult:
         """Run ``program`` in a fresh temporary directory and return how it ended.

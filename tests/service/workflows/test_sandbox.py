@@ -175,3 +175,22 @@ async def test_async_runs_are_bounded_and_concurrent() -> None:
     sandbox = Sandbox(SandboxConfig(max_concurrency=2))
     results = await asyncio.gather(*(sandbox.run(f"print({i})") for i in range(4)))
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(4)]
+
+
+async def test_cache_answers_a_repeated_program_without_running_it_again() -> None:
+    sandbox = Sandbox(SandboxConfig(cache_size=2))
+    ok = "assert 1 + 1 == 2\nprint('ran')"
+    first = await sandbox.run(ok)
+    assert first.passed and await sandbox.run(ok) is first  # remembered: not run again
+    failing = await sandbox.run("assert False")
+    assert failing.status == "error" and await sandbox.run("assert False") is failing
+    await sandbox.run("print(3)")  # a third program: the least recently used one is dropped
+    assert await sandbox.run("assert False") is failing
+    again = await sandbox.run(ok)
+    assert again.passed and again is not first
+    timed_out = Sandbox(SandboxConfig(cache_size=4, time_limit_s=0.5))
+    loop = "while True:\n    pass"
+    assert (await timed_out.run(loop)).status == "timeout"
+    assert len(timed_out._cache) == 0  # a timeout may be the machine's fault: not remembered
+    uncached = Sandbox()
+    assert await uncached.run(ok) is not await uncached.run(ok)
