@@ -243,15 +243,26 @@ def _spread(xs: list[float]) -> str:
     return f"{statistics.fmean(xs):.3f} ± {sd:.3f}"
 
 
-def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per arm: mean ± sd over seeds of every held-out number, the in-run curve's ends."""
+def _at(curve: list[list[float]], version: int) -> float | None:
+    """The evaluator's accuracy at the last evaluated version <= ``version`` (None: the run
+    did not get that far)."""
+    if not curve or curve[-1][0] < version:
+        return None
+    return [a for v, a in curve if v <= version][-1]
+
+
+def summarize(runs: list[dict[str, Any]], match: int) -> list[dict[str, Any]]:
+    """Per arm: mean ± sd over seeds of every held-out number, the in-run curve's ends, and
+    the curve at solver version ``match`` (runs that reached it; their count in brackets)."""
     rows = []
     for arm in ARMS:
         mine = [r for r in runs if r["arm"] == arm]
         if not mine:
             continue
         row: dict[str, Any] = {"arm": arm, "seeds": len(mine)}
-        row["eval first"] = _spread([r["eval_curve"][0][1] for r in mine if r["eval_curve"]] or [0])
+        row["eval v0"] = _spread([r["eval_curve"][0][1] for r in mine if r["eval_curve"]] or [0])
+        reached = [a for r in mine if (a := _at(r["eval_curve"], match)) is not None]
+        row[f"eval v{match}"] = f"{_spread(reached)} ({len(reached)})" if reached else "-"
         row["eval last"] = _spread([r["eval_curve"][-1][1] for r in mine if r["eval_curve"]] or [0])
         for key in mine[0]["inference"]:
             row[key] = _spread([r["inference"][key] for r in mine])
@@ -325,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     args.steps = args.steps or (2 if args.quick else 40)
     if args.quick and args.warmup_steps is None:
         args.warmup_steps = 20
-    args.max_time_s = args.max_time_s or (120.0 if args.quick else 600.0)
+    args.max_time_s = args.max_time_s or 600.0  # a safety net: runs end at --steps versions
     args.eval_every_s = args.eval_every_s or (2.0 if args.quick else 10.0)
     if args.quick:
         args.k, args.m = min(args.k, 4), min(args.m, 2)
@@ -340,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run_one(arm, seed, scratch, args))
                 print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}),
                       flush=True)  # fmt: skip
-    rows = summarize(runs)
+    rows = summarize(runs, args.match_version)
     cols = list(dict.fromkeys(c for row in rows for c in row))
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for row in rows:
