@@ -325,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--m", type=int, default=4, help="test sets sampled per held-out spec")
     p.add_argument("--out", default="code_workflows_study", help="output stem (.png, .json)")
     p.add_argument("--scratch", default=None, help="keep run directories here")
+    p.add_argument("--match-version", type=int, default=10,
+                   help="also compare the evaluator's accuracy at this solver version")  # fmt: skip
     p.add_argument(
         "--reuse",
         action="store_true",
