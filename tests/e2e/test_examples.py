@@ -28,7 +28,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 #: Recipes that are heavy (a real model, a second engine, several processes): marked slow.
 HEAVY = {"vllm", "smollm2", "ray", "fsdp2", "frozen_judge_openai", "tool_calling",
          "humaneval_solver_selector", "humaneval_solver_testgen", "gsm_symbolic_math",
-         "solver_verifier"}  # fmt: skip
+         "solver_verifier", "code_solver_selector", "code_solver_testgen"}  # fmt: skip
 #: Extras a recipe needs (module to find).
 NEEDS = {
     "vllm": "vllm",
