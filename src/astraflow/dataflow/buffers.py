@@ -4,6 +4,7 @@
                   ▲                       │                              replay (retain_acked)
                   └── ack deadline passes ┘
     buffered, beyond max_staleness for the requesting trainer ──► dropped (stale_dropped)
+    kept for replay, beyond replay_max_staleness (default max_staleness) ──► deleted
 
 Batches are whole groups. A served batch's samples are encoded straight from the stored
 msgpack blobs, without decoding them again. An ack of a batch whose deadline passed still
@@ -243,10 +244,11 @@ class Buffers:
             for g in self.live[policy].values()
             if g.state == "buffered" and staleness(g.behaviour_version, version) > bound
         ]
+        replay_bound = self.policies[policy].replay_bound
         old = [
             g
             for g in self.replay[policy].values()
-            if staleness(g.behaviour_version, version) > bound
+            if staleness(g.behaviour_version, version) > replay_bound
         ]
         if old:
             self.store.delete_groups([g.gid for g in old])

@@ -43,11 +43,32 @@ class PolicySettings(ConfigModel):
     """Cap on buffered + in-flight samples (backpressure: no new tasks beyond it)."""
     retain_acked: int = Field(default=0, ge=0)
     """Acked groups kept for replay samplers (0: samples are deleted once acked)."""
+    replay_max_staleness: int | None = Field(default=None, ge=0)
+    """Largest trainer-version lag of a *replayed* acked group (None: ``max_staleness``); kept
+    groups beyond it are deleted. A group is first trained at up to ``max_staleness``, so with
+    the same bound it is too stale to replay one or two versions later: a replay sampler needs
+    this above ``max_staleness`` to serve much (the loss's TIS corrects for older weights)."""
     ack_timeout_s: float = Field(default=600.0, gt=0)
     """An un-acked batch is served again after this many seconds."""
     frozen: bool = False
     """Served but never trained (a judge, a tool model): its samples are dropped on submit,
     never buffered, and never throttle leases."""
+
+    @model_validator(mode="after")
+    def _replay_bound(self) -> PolicySettings:
+        if self.replay_max_staleness is not None and self.replay_max_staleness < self.max_staleness:
+            raise ValueError(
+                f"replay_max_staleness ({self.replay_max_staleness}) is below max_staleness "
+                f"({self.max_staleness}): replayed groups would be held to a tighter bound than "
+                "fresh ones; raise it or leave it unset"
+            )
+        return self
+
+    @property
+    def replay_bound(self) -> int:
+        """Largest staleness of a replayed acked group."""
+        bound = self.replay_max_staleness
+        return self.max_staleness if bound is None else bound
 
 
 class PolicyConfig(PolicySettings):

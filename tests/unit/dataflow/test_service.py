@@ -421,6 +421,38 @@ def test_replay_serves_kept_acked_groups_within_its_ratio(tmp_path: Path, clock:
     assert len(svc.buffers.replay["solver"]) == 2  # the replay pool survives a restart
 
 
+@pytest.mark.parametrize(("replay_max_staleness", "replayed"), [(None, 0), (3, 2)])
+def test_replay_keeps_acked_groups_up_to_its_own_staleness_bound(
+    tmp_path: Path, clock: Clock, replay_max_staleness: int | None, replayed: int
+) -> None:
+    # a pipelined trainer: the weights of version v make the batch trained at v + 1, so a group
+    # is trained at staleness 1 and is at 2 by the next take; only a looser replay bound keeps it
+    solver = {"vocab_size": 64, "max_staleness": 1, "retain_acked": 8,
+              "replay_max_staleness": replay_max_staleness}  # fmt: skip
+    svc = service(
+        tmp_path, clock, policies={"solver": solver}, sampler={"type": "replay", "ratio": 0.5}
+    )
+    tasks = lease(svc, capacity=4)
+    for t in tasks[:2]:
+        submit(svc, t, version=0)
+    first = take(svc, version=1, max_samples=4)
+    assert first is not None and len(first.samples) == 4
+    svc.ack(AckRequest(batch_id=first.batch_id))
+    for t in tasks[2:]:
+        submit(svc, t, version=1)
+    mixed = take(svc, version=2, min_samples=4, max_samples=8)
+    assert mixed is not None
+    kept = {t.task_id for t in tasks[:2]} if replayed else set()
+    assert {s.task_id for s in mixed.samples} == {t.task_id for t in tasks[2:]} | kept
+    assert svc.plugins["sampler"][1].metrics()["replayed_groups"] == replayed
+
+
+def test_replay_bound_below_max_staleness_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="replay_max_staleness .* below max_staleness"):
+        solver = {"vocab_size": 64, "max_staleness": 2, "replay_max_staleness": 1}
+        make_config(tmp_path / "run", policies={"solver": solver})
+
+
 def test_mixing_and_source_weights_across_two_sources(tmp_path: Path, clock: Clock) -> None:
     cfg = make_config(tmp_path / "run").model_dump(mode="json")
     second = dict(cfg["sources"][0], name="other", weight=3.0)
