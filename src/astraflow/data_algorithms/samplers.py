@@ -147,8 +147,11 @@ class ReplaySampler(_Stateless[ReplayConfig]):
     def choose(
         self, query: BatchQuery, buffered: Sequence[GroupView], replayable: Sequence[GroupView]
     ) -> list[int]:
-        """Fresh groups first, then replayed ones, never more than ``ratio`` of the samples."""
-        self.batches += 1
+        """Fresh groups first, then replayed ones, never more than ``ratio`` of the samples.
+
+        A choice short of ``min_samples`` serves nothing (the service asks again as groups
+        arrive): it returns no keys and is not counted, so the counters are what was served.
+        """
         ratio = self.config.ratio
         if self.config.pick == "recent":
             pool = sorted(replayable, key=lambda g: (-g.created_at, -g.key))
@@ -161,6 +164,9 @@ class ReplaySampler(_Stateless[ReplayConfig]):
         n_fresh = sum(g.num_samples for g in fresh)
         budget = min(query.max_samples - n_fresh, math.floor(n_fresh * ratio / (1 - ratio)))
         replay = fit(pool, budget)
+        if n_fresh + sum(g.num_samples for g in replay) < query.min_samples:
+            return []
+        self.batches += 1
         self.fresh_groups += len(fresh)
         self.replayed_groups += len(replay)
         return [g.key for g in fresh] + [g.key for g in replay]

@@ -97,6 +97,10 @@ def test_replay_never_exceeds_its_ratio() -> None:
     recent = SAMPLERS.build({"type": "replay", "ratio": 0.25, "pick": "recent"})
     assert recent.choose(query(8), [group(k) for k in range(1, 4)], kept) == [1, 2, 3, 19]
     assert sampler.metrics()["replayed_groups"] == 3
+    # a choice short of min_samples serves nothing and counts nothing (the service asks again
+    # while the trainer waits: counting it would report groups replayed many times over)
+    assert sampler.choose(query(8, min_samples=8), fresh[:1], kept) == []
+    assert sampler.metrics() == {"batches": 2.0, "replayed_groups": 3.0, "fresh_groups": 3.0}
 
 
 def test_mixing_serves_sources_by_weight() -> None:
