@@ -21,7 +21,7 @@ Inference, after each run, on 200 held-out sums, from the final weights in the r
 Writes ``multi_policy_study.json`` and ``.png`` (accuracy per arm and inference rule).
 
     .venv/bin/python benchmarks/multi_policy_study.py                    # 2 seeds, 150 versions
-    .venv/bin/python benchmarks/multi_policy_study.py --quick            # 1 seed, 10 versions
+    .venv/bin/python benchmarks/multi_policy_study.py --quick            # smoke: 1 run, 3 versions
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ def arm_config(arm: str, seed: int, run_dir: Path, args: argparse.Namespace) -> 
         policy["trainer"].pop("checkpoint", None)
         if args.quick:
             policy["warmup"]["steps"] = 40
+            policy["trainer"]["batch"] = {"min_samples": 64, "max_samples": 64,
+                                          "take_timeout_s": 60}  # fmt: skip
     for ev in raw["eval"]:
         ev["every_s"] = 5
     if arm == "solver_alone":
@@ -194,8 +196,9 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
     keys = sorted({k for r in runs for k in r["inference"] if k != "judged_yes"})
     fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(ARMS)
-    for i, arm in enumerate(ARMS):
+    arms = [a for a in ARMS if any(r["arm"] == a for r in runs)]
+    width = 0.8 / len(arms)
+    for i, arm in enumerate(arms):
         mine = [r for r in runs if r["arm"] == arm]
         means = [statistics.fmean(r["inference"].get(k, float("nan")) for r in mine)
                  for k in keys]  # fmt: skip
@@ -213,24 +216,30 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="1 seed, 10 versions, 50 prompts")
+    p.add_argument("--quick", action="store_true",
+                   help="solver+verifier only, 1 seed, 3 versions, 30 prompts, k=4")  # fmt: skip
+    p.add_argument("--arms", default=None, help=f"comma list of {','.join(ARMS)}")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--steps", type=int, default=None, help="solver versions per run")
     p.add_argument("--max-time-s", type=float, default=None, help="wall cap per run")
-    p.add_argument("--k", type=int, default=8, help="answers sampled per prompt at inference")
+    p.add_argument("--k", type=int, default=None, help="answers sampled per prompt (8)")
     p.add_argument("--n", type=int, default=None, help="held-out prompts")
     p.add_argument("--out", default="multi_policy_study", help="output stem (.png, .json)")
     p.add_argument("--scratch", default=None, help="keep run directories here")
     args = p.parse_args(argv)
-    args.steps = args.steps or (10 if args.quick else 150)
+    args.steps = args.steps or (3 if args.quick else 150)
     args.max_time_s = args.max_time_s or (240.0 if args.quick else 900.0)
-    args.n = args.n or (50 if args.quick else 200)
+    args.n = args.n or (30 if args.quick else 200)
+    args.k = args.k or (4 if args.quick else 8)
+    arms = (args.arms or ("solver_verifier" if args.quick else ",".join(ARMS))).split(",")
+    if unknown := set(arms) - set(ARMS):
+        p.error(f"unknown arms {sorted(unknown)}; choose from {list(ARMS)}")
     seeds = args.seeds or ([0] if args.quick else [0, 1])
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(args.scratch or tmp)
         for seed in seeds:
-            for arm in ARMS:
+            for arm in arms:
                 runs.append(run_one(arm, seed, scratch, args))
                 print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}),
                       flush=True)  # fmt: skip
