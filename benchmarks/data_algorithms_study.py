@@ -198,18 +198,19 @@ def _spread(xs: list[float]) -> str:
 
 
 def table(runs: list[dict[str, Any]], arms: list[str]) -> list[dict[str, Any]]:
-    """Per arm: rollouts to reach baseline's final accuracy, final accuracy, wall time."""
-    base = [_final(r["curve"]) for r in runs if r["arm"] == "baseline"]
-    goal = statistics.fmean(base) if base else None
+    """Per arm: rollouts to reach the baseline's final accuracy (the baseline of the same seed:
+    every arm of a seed starts from the same warm-up), start and final accuracy, times."""
+    goal = {r["seed"]: _final(r["curve"]) for r in runs if r["arm"] == "baseline"}
     rows = []
     for arm in arms:
         mine = [r for r in runs if r["arm"] == arm]
-        reach = [rollouts_to_reach(r["curve"], goal) for r in mine] if goal is not None else []
+        reach = [rollouts_to_reach(r["curve"], goal[r["seed"]]) for r in mine if r["seed"] in goal]
         reached = [float(x) for x in reach if x is not None]
         rows.append({
             "arm": arm, "seeds": len(mine),
             "rollouts_to_baseline_final": _spread(reached),
-            "reached": f"{len(reached)}/{len(mine)}",
+            "reached": f"{len(reached)}/{len(reach)}",
+            "start_accuracy": _spread([r["curve"][0]["accuracy"] for r in mine if r["curve"]]),
             "final_accuracy": _spread([_final(r["curve"]) for r in mine]),
             "rollouts_total": _spread([float(r["rollouts_total"]) for r in mine]),
             "train_s": _spread([r["train_s"] for r in mine]),
@@ -299,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
     rows = table(runs, arms)
-    cols = ("arm", "seeds", "rollouts_to_baseline_final", "reached", "final_accuracy",
+    cols = ("arm", "seeds", "rollouts_to_baseline_final", "reached", "start_accuracy",
+            "final_accuracy",
             "rollouts_total", "train_s", "wall_s", "effect")  # fmt: skip
     print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
     for row in rows:
