@@ -126,11 +126,13 @@ def read_run(arm: str, seed: int, run_dir: Path, group: int) -> dict[str, Any]:
     times = [r["time"] for r in reports]
 
     def rollouts_at(t: float) -> int:
-        i = bisect.bisect_right(times, t) - 1
+        # the first report at or after ``t`` (reports come every tick, ~1 s: the one before
+        # could miss the samples this version was trained on)
+        i = min(bisect.bisect_left(times, t), len(reports) - 1)
         return 0 if i < 0 else int(reports[i]["tasks"]["done"]) * group
 
     # when each version was published (the trainer's step record), and the rollouts generated
-    # by then according to the dataflow's report
+    # by then according to the dataflow's report (to within one report tick)
     steps_done = _jsonl(run_dir / "trainers" / "policy" / "metrics.jsonl")
     published = {int(m["version"]): float(m["time"]) for m in steps_done}
     evals = sorted(_jsonl(run_dir / "eval" / "policy.jsonl"), key=lambda e: e["version"])
