@@ -1,28 +1,35 @@
 """WeightClient: the node side. Plan the cheapest path, download, verify, apply in place.
 
     pull(policy, tensors, have, want)
+      ahead:  at once, before planning: the manifests of want, have and the versions between,
+              the merged delta's manifest (want > have + 1), want's delta file itself
+              (want = have + 1), and the check that the tensors hold `have` (see _Ahead)
       plan:   chain  = deltas have+1 .. want             (bytes: their delta files)
               merged = one delta have → want from server   (bytes: its file; HTTP sources)
-              full   = newest full F <= want + deltas F+1 .. want
+              full   = newest full F <= want + deltas F+1 .. want (not walked when a delta
+                       path is smaller than the tensors themselves: a full file never is)
               → the candidate with the fewest bytes
       fetch:  every file of the plan, checked against its manifest checksum (retried if bad)
       check:  names, dtypes, shapes; for deltas the tensors must hold `have` (checksums)
       apply:  compose the deltas, write each tensor once in place (CPU or device)
       verify: every tensor's checksum equals the one published for `want`
 
-Nothing is written into ``tensors`` before every downloaded byte is verified, so a failed
-pull leaves the node on its current version.
+Over a slow link every request costs a round trip, so a pull by one delta takes one round
+trip (manifests and file requested together) plus the file's bytes, instead of one per
+manifest, then one for the file. Nothing is written into ``tensors`` before every downloaded
+byte is verified, so a failed pull leaves the node on its current version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
@@ -40,6 +47,7 @@ from astraflow.weights.manifest import (
     MANIFEST_FILE,
     AssetsManifest,
     WeightManifest,
+    dtype_itemsize,
     file_checksum,
     manifest_ref,
     merged_dir,
@@ -54,6 +62,12 @@ __all__ = ["PullStats", "WeightClient"]
 logger = logging.getLogger(__name__)
 
 Path_ = Literal["none", "chain", "merged", "full"]
+Manifests = Callable[[int], WeightManifest]
+
+#: Requests a pull sends ahead at once (manifests, the next delta, the base check).
+_AHEAD_WORKERS = 8
+#: Manifests of the versions between ``have`` and ``want`` requested ahead at most.
+_AHEAD_CHAIN = 16
 
 
 class PullStats(BaseModel):
@@ -179,19 +193,26 @@ class WeightClient:
         if have == target_version:
             return PullStats(policy=policy, have=have, want=target_version, path="none", bytes=0,
                              candidates={}, files=0, resumes=0, seconds=0.0)  # fmt: skip
-        target = self.manifest(policy, target_version)
-        self._check_targets(target, tensors)
-        plans = self._plans(policy, have, target)
-        plan = min(
-            plans.values(), key=lambda p: (p.bytes, ("merged", "chain", "full").index(p.path))
-        )
-        with self._workdir() as work:
-            local = self._download(plan, work)
-            if plan.path != "full" and self.verify_base:
-                self._verify_base(policy, plan.deltas[0].base or 0, tensors)
-            else:
-                self._copy_full(plan, local.pop(0), tensors)
-            self._apply_deltas(plan, local, tensors)
+        pool = ThreadPoolExecutor(_AHEAD_WORKERS, thread_name_prefix="weights-ahead")
+        try:
+            ahead = _Ahead(self, pool, policy, have, target_version, tensors)
+            target = ahead.manifest(target_version)
+            self._check_targets(target, tensors)
+            plans = self._plans(policy, have, target, ahead)
+            plan = min(
+                plans.values(),
+                key=lambda p: (p.bytes, ("merged", "chain", "full").index(p.path)),
+            )
+            with self._workdir() as work:
+                local = self._download(plan, work, ahead)
+                if plan.path == "full":
+                    ahead.settle()  # nothing may still read the tensors once they change
+                    self._copy_full(plan, local.pop(0), tensors)
+                elif self.verify_base:
+                    ahead.check_base(plan.deltas[0].base or 0)
+                self._apply_deltas(plan, local, tensors)
+        finally:  # a failed pull does not wait for requests it no longer needs
+            pool.shutdown(wait=False, cancel_futures=True)
         self._verify(target, tensors)
         stats = PullStats(
             policy=policy, have=have, want=target_version, path=plan.path, bytes=plan.bytes,
@@ -223,20 +244,23 @@ class WeightClient:
             raise NotFoundError(f"{self.source.url}: policy {policy!r} has no published version")
         return latest
 
-    def _full_plan(self, target: WeightManifest) -> _Plan:
+    def _full_plan(self, target: WeightManifest, manifests: Manifests | None = None) -> _Plan:
+        get = manifests or (lambda v: self.manifest(target.policy, v))
         deltas: list[WeightManifest] = []
         m = target
         while not m.full:
             if m.base is None:
                 raise NotFoundError(f"{m.policy} v{m.version}: neither full nor delta stored")
             deltas.append(m)
-            m = self.manifest(m.policy, m.base)
+            m = get(m.base)
         return _Plan("full", m, deltas[::-1])
 
-    def _plans(self, policy: str, have: int | None, target: WeightManifest) -> dict[str, _Plan]:
-        plans = {"full": self._full_plan(target)}
+    def _plans(
+        self, policy: str, have: int | None, target: WeightManifest, ahead: _Ahead
+    ) -> dict[str, _Plan]:
         if have is None:
-            return plans
+            return {"full": self._full_plan(target, ahead.manifest)}
+        plans: dict[str, _Plan] = {}
         chain: list[WeightManifest] = []
         m = target
         while m.base is not None and m.base >= have:
@@ -245,18 +269,22 @@ class WeightClient:
                 plans["chain"] = _Plan("chain", None, chain[::-1])
                 break
             try:
-                m = self.manifest(policy, m.base)
+                m = ahead.manifest(m.base)
             except NotFoundError:
                 break
         if "chain" in plans and len(chain) > 1:
-            merged = self.source.merged(policy, have, target.version)
+            merged = ahead.merged()
             if merged is not None and merged.checksum == target.checksum and merged.base == have:
                 plans["merged"] = _Plan("merged", None, [merged])
+        # a full plan moves at least the tensors' own bytes: no need to walk back to the last
+        # full snapshot (a manifest, a round trip, per version) when a delta path is smaller
+        if not plans or min(p.bytes for p in plans.values()) >= _tensor_bytes(target):
+            plans["full"] = self._full_plan(target, ahead.manifest)
         return plans
 
     # -- moving bytes -------------------------------------------------------------------------
 
-    def _download(self, plan: _Plan, work: Path) -> list[Path]:
+    def _download(self, plan: _Plan, work: Path, ahead: _Ahead | None = None) -> list[Path]:
         jobs = []
         if plan.full is not None:
             jobs.append((plan.full, FULL_FILE))
@@ -265,12 +293,23 @@ class WeightClient:
             m, name = jobs[0]
             return [self._fetch_file(m, name, plan.path, work / f"0-{name}")]
         with ThreadPoolExecutor(min(4, len(jobs)), thread_name_prefix="weights-files") as pool:
-            futures = [pool.submit(self._fetch_file, m, name, plan.path, work / f"{i}-{name}")
-                       for i, (m, name) in enumerate(jobs)]  # fmt: skip
+            futures = [pool.submit(self._fetch_file, m, name, plan.path, work / f"{i}-{name}",
+                                   ahead) for i, (m, name) in enumerate(jobs)]  # fmt: skip
             return [f.result() for f in futures]
 
-    def _fetch_file(self, m: WeightManifest, name: str, path: Path_, dest: Path) -> Path:
+    def _fetch_file(
+        self, m: WeightManifest, name: str, path: Path_, dest: Path, ahead: _Ahead | None = None
+    ) -> Path:
         entry = m.file(name)
+        if ahead is not None and path == "chain" and name == DELTA_FILE:
+            early = ahead.delta(m.version)  # requested with the manifests: checked like any
+            if (
+                early is not None
+                and len(early) == entry.size
+                and (file_checksum(early) == entry.checksum)
+            ):
+                dest.write_bytes(early)
+                return dest
         vdir = (
             merged_dir(m.policy, m.base, m.version)
             if path == "merged" and m.base is not None
@@ -352,10 +391,14 @@ class WeightClient:
             apply_delta(t, change)
 
     def _verify_base(
-        self, policy: str, have: int, tensors: MutableMapping[str, torch.Tensor]
+        self,
+        policy: str,
+        have: int,
+        tensors: MutableMapping[str, torch.Tensor],
+        manifests: Manifests | None = None,
     ) -> None:
         try:
-            base = self.manifest(policy, have)
+            base = manifests(have) if manifests is not None else self.manifest(policy, have)
         except NotFoundError:  # collected from the store: the deltas after it still exist
             logger.debug("base manifest gone policy=%s version=%d: not verified", policy, have)
             return
@@ -377,3 +420,86 @@ class WeightClient:
                     + ("" if before else " (were they at the base version?)"),
                     field=entry.name,
                 )
+
+
+def _tensor_bytes(target: WeightManifest) -> int:
+    """Bytes of the tensors themselves: no full snapshot of them is smaller."""
+    return sum(e.numel * dtype_itemsize(e.dtype) for e in target.tensors)
+
+
+class _Ahead:
+    """What one pull asks for at once, before its plan needs it (one round trip, not one per
+    request): the manifests of ``want``, ``have`` and up to 16 versions between, the merged
+    delta's manifest when ``want > have + 1``, ``want``'s delta file when ``want == have + 1``
+    (the next version: a node refreshing at every version), and the check that the tensors
+    hold ``have`` (a checksum pass, done while the bytes travel). A request whose answer the
+    plan does not use costs nothing but its bytes; a delta file read ahead is checked against
+    its manifest like any download, and fetched again (resumably) when its early read failed.
+    """
+
+    def __init__(
+        self,
+        client: WeightClient,
+        pool: ThreadPoolExecutor,
+        policy: str,
+        have: int | None,
+        want: int,
+        tensors: MutableMapping[str, torch.Tensor],
+    ) -> None:
+        self.client, self.policy, self.want = client, policy, want
+        self._manifests: dict[int, Future[WeightManifest]] = {}
+        self._merged: Future[WeightManifest | None] | None = None
+        self._delta: Future[bytes] | None = None
+        self._base: Future[None] | None = None
+        self._base_version = have
+        get = client.manifest
+        self._manifests[want] = pool.submit(get, policy, want)
+        if have is None:
+            return
+        if want == have + 1:
+            rel = f"{version_dir(policy, want)}/{DELTA_FILE}"
+            what = f"policy {policy} version {want} file {DELTA_FILE}"
+            self._delta = pool.submit(client.source.read, rel, what)
+        if client.verify_base:
+            self._manifests[have] = pool.submit(get, policy, have)
+            self._base = pool.submit(client._verify_base, policy, have, tensors, self.manifest)
+        if want > have + 1:
+            self._merged = pool.submit(client.source.merged, policy, have, want)
+        for version in range(want - 1, max(have, want - 1 - _AHEAD_CHAIN), -1):
+            self._manifests[version] = pool.submit(get, policy, version)
+
+    def manifest(self, version: int) -> WeightManifest:
+        """The manifest of ``version`` (asked ahead, or now)."""
+        future = self._manifests.get(version)
+        if future is not None:
+            return future.result()  # its own retries are done: its error is the pull's
+        return self.client.manifest(self.policy, version)
+
+    def merged(self) -> WeightManifest | None:
+        """The merged delta ``have → want`` if the source offers one."""
+        if self._merged is None:
+            assert self._base_version is not None
+            return self.client.source.merged(self.policy, self._base_version, self.want)
+        return self._merged.result()
+
+    def delta(self, version: int) -> bytes | None:
+        """``version``'s delta file if it was read ahead and arrived (else None: fetch it)."""
+        if self._delta is None or version != self.want:
+            return None
+        try:
+            return self._delta.result()
+        except Exception as exc:  # the download proper retries and resumes
+            logger.debug("delta v%d read ahead failed (%r): fetched again", version, exc)
+            return None
+
+    def check_base(self, have: int) -> None:
+        """Raise ``ChecksumError`` unless the tensors held ``have`` (checked ahead)."""
+        if self._base is None or have != self._base_version:
+            raise AssertionError(f"base v{have} was not checked ahead")
+        self._base.result()
+
+    def settle(self) -> None:
+        """Wait for the base check (it reads the tensors), whatever it found."""
+        if self._base is not None:
+            with contextlib.suppress(Exception):
+                self._base.result()
