@@ -164,6 +164,7 @@ class Link:
         self.addresses: list[tuple[str, int]] = []
         self._down = False
         self._late_s = 0.0  # how late the loop wakes for a timer (mean of recent wake-ups)
+        self._wakes = 0
         self._writers: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -352,7 +353,9 @@ class Link:
         timer is set that much early and the chunk leaves at its delivery time on average
         (mean of recent wake-ups; at most 1 ms is compensated, a stall is not learnt)."""
         sample = min(max(late_s, 0.0), _MAX_LATE_S)
-        self._late_s = 0.9 * self._late_s + 0.1 * sample
+        self._wakes += 1
+        weight = max(0.1, 1 / self._wakes)  # the plain mean of the first ten, then decaying
+        self._late_s += weight * (sample - self._late_s)
 
     async def _send(
         self,

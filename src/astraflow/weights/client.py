@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import numpy.typing as npt
 import safetensors
 import safetensors.torch
 import torch
@@ -46,6 +47,7 @@ from astraflow.weights.manifest import (
     FULL_FILE,
     MANIFEST_FILE,
     AssetsManifest,
+    TensorEntry,
     WeightManifest,
     dtype_itemsize,
     file_checksum,
@@ -53,8 +55,8 @@ from astraflow.weights.manifest import (
     merged_dir,
     version_dir,
 )
-from astraflow.weights.merge import compose_chain
-from astraflow.weights.tensors import apply_delta, checksum, dtype_name
+from astraflow.weights.merge import compose_chain, decode_entry
+from astraflow.weights.tensors import apply_delta, bits, checksum, dtype_name
 from astraflow.weights.transfer import Source, TransferOptions, open_source
 
 __all__ = ["PullStats", "WeightClient"]
@@ -210,7 +212,7 @@ class WeightClient:
                     self._copy_full(plan, local.pop(0), tensors)
                 elif self.verify_base:
                     ahead.check_base(plan.deltas[0].base or 0)
-                self._apply_deltas(plan, local, tensors)
+                self._apply_deltas(plan, local, tensors, ahead.early())
         finally:  # a failed pull does not wait for requests it no longer needs
             pool.shutdown(wait=False, cancel_futures=True)
         self._verify(target, tensors)
@@ -303,13 +305,13 @@ class WeightClient:
         entry = m.file(name)
         if ahead is not None and path == "chain" and name == DELTA_FILE:
             early = ahead.delta(m.version)  # requested with the manifests: checked like any
-            if (
-                early is not None
-                and len(early) == entry.size
-                and (file_checksum(early) == entry.checksum)
-            ):
-                dest.write_bytes(early)
-                return dest
+            if early is not None:
+                if len(early.data) == entry.size and file_checksum(early.data) == entry.checksum:
+                    early.verified = True
+                    dest.write_bytes(early.data)
+                    return dest
+                logger.warning("delta read ahead does not verify source=%s version=%d: "
+                               "fetched again", self.source.url, m.version)  # fmt: skip
         vdir = (
             merged_dir(m.policy, m.base, m.version)
             if path == "merged" and m.base is not None
@@ -375,12 +377,19 @@ class WeightClient:
                 tensors[entry.name].copy_(f.get_tensor(entry.name))
 
     def _apply_deltas(
-        self, plan: _Plan, paths: list[Path], tensors: MutableMapping[str, torch.Tensor]
+        self,
+        plan: _Plan,
+        paths: list[Path],
+        tensors: MutableMapping[str, torch.Tensor],
+        early: _Early | None = None,
     ) -> None:
         if not plan.deltas:
             return
         blobs = [p.read_bytes() for p in paths]
-        composed: dict[str, TensorDelta] = compose_chain(plan.deltas, blobs)
+        if plan.path != "chain" or len(plan.deltas) != 1:
+            early = None  # read ahead: the one delta file of the next version only
+        decoded = early.decoded if early is not None else None
+        composed: dict[str, TensorDelta] = compose_chain(plan.deltas, blobs, decoded)
         done: set[tuple[object, ...]] = set()
         for name, change in composed.items():
             t = tensors[name]
@@ -388,7 +397,16 @@ class WeightClient:
             if key in done:
                 continue  # tied weights: one storage under two names, changed once
             done.add(key)
-            apply_delta(t, change)
+            new = early.new_values.get(name) if early is not None else None
+            if (
+                new is not None
+                and change.pos is not None
+                and decoded is not None
+                and (decoded.get(name) is change)
+            ):
+                bits(t)[change.pos] = new  # the sums were made while the bytes travelled
+            else:
+                apply_delta(t, change)
 
     def _verify_base(
         self,
@@ -427,6 +445,29 @@ def _tensor_bytes(target: WeightManifest) -> int:
     return sum(e.numel * dtype_itemsize(e.dtype) for e in target.tensors)
 
 
+class _Early:
+    """A delta file read ahead: its bytes, the tensors decoded from them on the way, and
+    whether the bytes matched the manifest's checksum (only then are the tensors used)."""
+
+    def __init__(self) -> None:
+        self.data = b""
+        self.decoded: dict[str, TensorDelta] = {}
+        self.new_values: dict[str, npt.NDArray[Any]] = {}
+        """Per sparse change of a CPU tensor: its new values at the changed positions, read
+        and summed while the rest of the file travels (only written once it verified)."""
+        self.verified = False
+
+    def prepare(self, name: str, change: TensorDelta, t: torch.Tensor | None) -> None:
+        """Sum ``t``'s old values and the change at its positions (reads only)."""
+        if t is None or t.device.type != "cpu" or not t.is_contiguous():
+            return
+        if change.kind != "sparse" or change.pos is None or change.values is None:
+            return
+        flat = bits(t)
+        if flat.size == change.numel and flat.dtype == change.values.dtype:
+            self.new_values[name] = flat[change.pos] + change.values
+
+
 class _Ahead:
     """What one pull asks for at once, before its plan needs it (one round trip, not one per
     request): the manifests of ``want``, ``have`` and up to 16 versions between, the merged
@@ -449,9 +490,10 @@ class _Ahead:
         self.client, self.policy, self.want = client, policy, want
         self._manifests: dict[int, Future[WeightManifest]] = {}
         self._merged: Future[WeightManifest | None] | None = None
-        self._delta: Future[bytes] | None = None
+        self._delta: Future[_Early] | None = None
         self._base: Future[None] | None = None
         self._base_version = have
+        self._tensors = tensors
         get = client.manifest
         self._manifests[want] = pool.submit(get, policy, want)
         if have is None:
@@ -459,7 +501,7 @@ class _Ahead:
         if want == have + 1:
             rel = f"{version_dir(policy, want)}/{DELTA_FILE}"
             what = f"policy {policy} version {want} file {DELTA_FILE}"
-            self._delta = pool.submit(client.source.read, rel, what)
+            self._delta = pool.submit(self._read_delta, rel, what)
         if client.verify_base:
             self._manifests[have] = pool.submit(get, policy, have)
             self._base = pool.submit(client._verify_base, policy, have, tensors, self.manifest)
@@ -482,7 +524,35 @@ class _Ahead:
             return self.client.source.merged(self.policy, self._base_version, self.want)
         return self._merged.result()
 
-    def delta(self, version: int) -> bytes | None:
+    def _read_delta(self, rel: str, what: str) -> _Early:
+        """Read the next version's delta file as it arrives, decoding each tensor's change as
+        soon as its bytes are in (once the manifest says where they lie): the decoding work
+        is done while the rest travels. Nothing is applied before the whole file verifies."""
+        early = _Early()
+        buf = bytearray()
+        pending: list[TensorEntry] | None = None
+        target = self._manifests[self.want]
+        for chunk in self.client.source.chunks(rel, what):
+            buf += chunk
+            if pending is None and target.done() and target.exception() is None:
+                manifest = target.result()
+                if manifest.base != self._base_version:
+                    continue  # not the delta this pull needs: kept as bytes only
+                pending = sorted(manifest.tensors, key=lambda e: e.offset)[::-1]
+            while pending and pending[-1].offset + pending[-1].length <= len(buf):
+                entry = pending.pop()
+                try:
+                    piece = bytes(buf[entry.offset : entry.offset + entry.length])
+                    relative = entry.model_copy(update={"offset": 0})
+                    change = decode_entry(target.result(), relative, piece)
+                    early.decoded[entry.name] = change
+                    early.prepare(entry.name, change, self._tensors.get(entry.name))
+                except (ChecksumError, ValidationError):  # decoded again once verified
+                    pending = []
+        early.data = bytes(buf)
+        return early
+
+    def delta(self, version: int) -> _Early | None:
         """``version``'s delta file if it was read ahead and arrived (else None: fetch it)."""
         if self._delta is None or version != self.want:
             return None
@@ -491,6 +561,13 @@ class _Ahead:
         except Exception as exc:  # the download proper retries and resumes
             logger.debug("delta v%d read ahead failed (%r): fetched again", version, exc)
             return None
+
+    def early(self) -> _Early | None:
+        """The delta file read ahead (its tensors decoded), once its bytes verified."""
+        if self._delta is None or not self._delta.done() or self._delta.exception():
+            return None
+        early = self._delta.result()
+        return early if early.verified else None
 
     def check_base(self, have: int) -> None:
         """Raise ``ChecksumError`` unless the tensors held ``have`` (checked ahead)."""

@@ -10,7 +10,7 @@ decays slower than the sum of per-step changes).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from astraflow.errors import ChecksumError, NotFoundError, ValidationError
 from astraflow.weights import delta as codec
@@ -28,7 +28,7 @@ from astraflow.weights.manifest import (
     version_dir,
 )
 
-__all__ = ["compose_chain", "delta_chain", "merge"]
+__all__ = ["compose_chain", "decode_entry", "delta_chain", "merge"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,31 +56,45 @@ def delta_chain(files: StoreFiles, policy: str, have: int, want: int) -> list[We
 
 
 def compose_chain(
-    chain: Sequence[WeightManifest], blobs: Sequence[bytes | memoryview]
+    chain: Sequence[WeightManifest],
+    blobs: Sequence[bytes | memoryview],
+    decoded: Mapping[str, codec.TensorDelta] | None = None,
 ) -> dict[str, codec.TensorDelta]:
-    """Decode and compose the delta files of ``chain`` (oldest first) into one delta per tensor."""
+    """Decode and compose the delta files of ``chain`` (oldest first) into one delta per tensor.
+
+    ``decoded``: tensors of a one-file chain already decoded from the same (verified) bytes.
+    """
     if not chain or len(chain) != len(blobs):
         raise ValidationError("compose_chain needs one delta file per manifest")
     out: dict[str, codec.TensorDelta] = {}
+    early = decoded if decoded is not None and len(chain) == 1 else {}
     for manifest, blob in zip(chain, blobs, strict=True):
         view = memoryview(blob)
         for entry in manifest.tensors:
-            if entry.encoding is None:
-                raise ValidationError(f"v{manifest.version}: tensor {entry.name} has no delta")
-            if entry.offset + entry.length > len(view):
-                raise ChecksumError(
-                    f"{manifest.policy} v{manifest.version} {DELTA_FILE}: tensor "
-                    f"{entry.name} lies past the end of the file"
-                )
-            change = codec.decode(
-                entry.encoding,
-                view[entry.offset : entry.offset + entry.length],
-                entry.numel,
-                dtype_itemsize(entry.dtype),
-            )
+            change = early.get(entry.name) or decode_entry(manifest, entry, view)
             prev = out.get(entry.name)
             out[entry.name] = change if prev is None else codec.compose(prev, change)
     return out
+
+
+def decode_entry(
+    manifest: WeightManifest, entry: TensorEntry, blob: bytes | memoryview
+) -> codec.TensorDelta:
+    """Decode one tensor's change from ``blob``, the version's delta file (or its first part:
+    ``ChecksumError`` when the tensor's bytes lie past its end)."""
+    if entry.encoding is None:
+        raise ValidationError(f"v{manifest.version}: tensor {entry.name} has no delta")
+    if entry.offset + entry.length > len(blob):
+        raise ChecksumError(
+            f"{manifest.policy} v{manifest.version} {DELTA_FILE}: tensor "
+            f"{entry.name} lies past the end of the file"
+        )
+    return codec.decode(
+        entry.encoding,
+        blob[entry.offset : entry.offset + entry.length],
+        entry.numel,
+        dtype_itemsize(entry.dtype),
+    )
 
 
 def merge(files: StoreFiles, policy: str, have: int, want: int, level: int = 1) -> WeightManifest:

@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,11 @@ class Source(Protocol):
 
     def fetch(self, rel: str, size: int, dest: Path, what: str) -> int:
         """Download ``rel`` (``size`` bytes) to ``dest``; returns the number of resumes."""
+        ...
+
+    def chunks(self, rel: str, what: str) -> Iterator[bytes]:
+        """Read ``rel`` whole, as it arrives, in one try (no resume: a caller falls back to
+        ``fetch``); before its size and checksum are known, e.g. with its manifest."""
         ...
 
     def latest(self, policy: str) -> int | None:
@@ -154,6 +160,19 @@ class HttpSource:
                 attempt = self._failed(attempt, deadline, what, exc2)
                 continue
             return reply.content
+
+    def chunks(self, rel: str, what: str) -> Iterator[bytes]:
+        url = f"{self.url}{PREFIX}/files/{rel}"
+        with self._client.stream("GET", url) as reply:
+            if reply.status_code == 404:
+                raise NotFoundError(f"{self.url}: {what}: not found")
+            if reply.status_code != 200:
+                reply.read()
+                _raise_refused(reply, self.url, what)
+                raise TransferError(
+                    f"pull from {self.url} failed: {what}: HTTP {reply.status_code}"
+                )
+            yield from reply.iter_bytes()
 
     def fetch(self, rel: str, size: int, dest: Path, what: str) -> int:
         deadline = time.monotonic() + self.options.timeout_s
@@ -280,6 +299,14 @@ class FsSource:
 
     def merged(self, policy: str, have: int, want: int) -> WeightManifest | None:
         return None  # composing is done by the client for plain stores
+
+    def chunks(self, rel: str, what: str) -> Iterator[bytes]:
+        try:
+            with self.files.fs.open(self.files.path(rel), "rb") as src:
+                while chunk := src.read(self.options.chunk_bytes):
+                    yield chunk
+        except FileNotFoundError:
+            raise NotFoundError(f"{self.url}: {what}: not found") from None
 
     def fetch(self, rel: str, size: int, dest: Path, what: str) -> int:
         deadline = time.monotonic() + self.options.timeout_s

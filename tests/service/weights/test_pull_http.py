@@ -156,6 +156,30 @@ def test_damaged_transfer_is_retried(
     assert _same(node, states[0])
 
 
+def test_next_delta_read_ahead_is_verified_and_fetched_again_when_damaged(
+    weight_root: Path, weight_server: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    states = _states(3, size=3_000_000)
+    _publish(weight_root, states).close()
+    size = (weight_root / "p/v00000002" / DELTA_FILE).stat().st_size
+    port = int(weight_server.rsplit(":", 1)[1])
+    # the connections the pull opens at once (manifests, the delta read ahead) each get one
+    # flipped byte past the small manifests: only the delta's bytes reach that offset
+    proxy = CuttingProxy(("127.0.0.1", port), corrupt=3, corrupt_at=size // 2)
+    try:
+        node = _copy(states[1])
+        with WeightClient(proxy.url) as client:
+            stats = client.pull("p", node, have=1, want=2)
+    finally:
+        proxy.close()
+    assert "delta read ahead does not verify" in caplog.text
+    assert stats.path == "chain" and _same(node, states[2])
+    with WeightClient(weight_server) as client:  # undamaged: the read-ahead bytes are applied
+        node = _copy(states[1])
+        client.pull("p", node, have=1, want=2)
+    assert _same(node, states[2])
+
+
 def test_dead_server_fails_fast_naming_source_version_file() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     node = {"w": torch.zeros(10)}
