@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from astraflow.errors import NotFoundError
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.endpoint import AgentEndpoint, bind_endpoint
 from astraflow.raas.hosting import build_tools, build_workflows, host_policy
@@ -291,8 +292,26 @@ class RolloutNode:
                         self.meter.refreshes += 1
                 except Exception as exc:  # boundary: keep serving, try again shortly
                     log.warning("refresh failed policy=%s want=%d error=%r", name, latest, exc)
+                    if isinstance(exc, NotFoundError) and await self._newer_served(name, latest):
+                        return await self._fresh_enough()  # at once, to the newer version
                     return False
                 self._must_refresh.discard(name)
+        return True
+
+    async def _newer_served(self, name: str, missing: int) -> bool:
+        """After ``missing`` was not found (a relay that went straight past it, a store that
+        collected it): take the newest version the weight source serves, if newer. Without
+        this the node would ask for the same missing version until the next announcement,
+        and it leases nothing while a refresh it was asked for fails."""
+        try:
+            newest = await asyncio.to_thread(self.weights.latest, name)
+        except Exception as exc:  # boundary: the next attempt asks again
+            log.warning("latest failed policy=%s error=%r", name, exc)
+            return False
+        if newest is None or newest <= missing:
+            return False
+        log.info("policy=%s version %d is not served; its newest is %d", name, missing, newest)
+        self._latest[name] = max(self._latest.get(name, -1), newest)
         return True
 
     def _set_ttl(self, ttl_s: float) -> None:
@@ -377,6 +396,8 @@ class RolloutNode:
                         self.meter.refreshes += 1
                 except Exception as exc:  # loop boundary: retried at the next announcement
                     log.warning("refresh failed policy=%s want=%d error=%r", name, want, exc)
+                    if isinstance(exc, NotFoundError) and await self._newer_served(name, want):
+                        self._versions_changed.set()  # the newer one, at once
 
     # ----------------------------------------------------------------- graceful stop
 

@@ -1,6 +1,7 @@
 """A rollout node with the transformers engine against a real dataflow service and a real
 weight server on loopback: it leases, runs ``rlvr``, pushes samples a re-computation by the
-model confirms, refreshes to a newly published delta version and tags tokens with it."""
+model confirms, refreshes to a newly published delta version and tags tokens with it, and
+moves past an announced version its weight source does not serve."""
 
 from __future__ import annotations
 
@@ -133,6 +134,18 @@ async def test_node_leases_runs_rlvr_pushes_valid_samples_and_refreshes(
         assert node.meter.refreshes >= 1
         pulls = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pulled")]
         assert any("have=0 want=1 path=chain" in m for m in pulls), pulls  # a delta, in place
+
+        # announced but never served (a regional relay went straight from 1 to 3): the node
+        # takes the newest version served instead of asking for the missing one until the
+        # next announcement
+        store.publish_perturbed(3, fraction=0.2, seed=3)
+        client.announce(PolicyVersion(policy="policy", version=2, manifest=ref))
+        deadline = time.monotonic() + 60
+        while node.policies["policy"].version != 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert node.policies["policy"].version == 3
+        pulls = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pulled")]
+        assert any("have=1 want=3 path=chain" in m for m in pulls), pulls
         report = client.report()
         assert report.nodes["node-a"].pool == "test-pool"
         assert report.nodes["node-a"].stats.hardware.startswith("cpu x")
