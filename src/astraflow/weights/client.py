@@ -307,8 +307,7 @@ class WeightClient:
             early = ahead.delta(m.version)  # requested with the manifests: checked like any
             if early is not None:
                 if len(early.data) == entry.size and file_checksum(early.data) == entry.checksum:
-                    early.verified = True
-                    dest.write_bytes(early.data)
+                    early.verified = True  # applied from memory (_apply_deltas)
                     return dest
                 logger.warning("delta read ahead does not verify source=%s version=%d: "
                                "fetched again", self.source.url, m.version)  # fmt: skip
@@ -385,9 +384,9 @@ class WeightClient:
     ) -> None:
         if not plan.deltas:
             return
-        blobs = [p.read_bytes() for p in paths]
         if plan.path != "chain" or len(plan.deltas) != 1:
             early = None  # read ahead: the one delta file of the next version only
+        blobs = [early.data] if early is not None else [p.read_bytes() for p in paths]
         decoded = early.decoded if early is not None else None
         composed: dict[str, TensorDelta] = compose_chain(plan.deltas, blobs, decoded)
         done: set[tuple[object, ...]] = set()
