@@ -33,6 +33,10 @@ class LinkConfig(ConfigModel):
     """Read size of the relay: the granularity of delay and pacing."""
     seed: int = 0
     """Seed of the jitter and loss draws."""
+    realtime: bool = True
+    """Run the link's thread at the lowest real-time priority (SCHED_RR 1) where the OS
+    allows it (root): on a loaded machine an ordinary thread's timers fire milliseconds late,
+    which a millisecond-scale delay cannot absorb. Ignored where not permitted."""
 
     @model_validator(mode="after")
     def _jitter_within_delay(self) -> LinkConfig:

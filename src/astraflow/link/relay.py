@@ -19,7 +19,8 @@ The link runs its own asyncio loop in a thread (``start``/``close``), so blockin
 tests and benchmarks use it alike; ``astraflow link serve`` runs one as a process. Its loop
 waits with microsecond resolution (``_FineEpollSelector``): asyncio's epoll rounds every
 timer up to the next millisecond, which made a 2.65 ms delay cost 3.2 ms per direction, and
-it sets each timer early by how late its recent timers fired (``Link._woke``).
+it sets each timer early by how late its recent timers fired (``Link._woke``); its thread
+runs at real-time priority where the OS allows (``LinkConfig.realtime``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import contextlib
 import functools
 import logging
 import math
+import os
 import random
 import select
 import selectors
@@ -96,6 +98,20 @@ class LinkStats:
     def total(self) -> int:
         """Bytes relayed in both directions over every forward."""
         return sum(self.up.values()) + sum(self.down.values())
+
+
+def _realtime_thread() -> None:
+    """Run the calling thread (the link's loop) at the lowest real-time priority when the OS
+    allows it (root or CAP_SYS_NICE): a network does not wait for a CPU, and on a loaded
+    machine an ordinary thread's timers fire milliseconds late. The link sleeps between
+    chunks, so it takes little CPU; elsewhere it runs as an ordinary thread."""
+    setter = getattr(os, "sched_setscheduler", None)
+    if setter is None:
+        return
+    try:
+        setter(0, os.SCHED_RR, os.sched_param(1))
+    except OSError as exc:
+        log.debug("link thread stays at ordinary priority: %s", exc)
 
 
 class _FineEpollSelector(selectors.EpollSelector):
@@ -207,6 +223,8 @@ class Link:
         failure: list[BaseException] = []
 
         def run() -> None:
+            if self.config.realtime:
+                _realtime_thread()
             loop = asyncio.SelectorEventLoop(_FineEpollSelector())
             self._loop = loop
             try:
