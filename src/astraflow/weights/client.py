@@ -293,7 +293,7 @@ class WeightClient:
         jobs += [(m, DELTA_FILE) for m in plan.deltas]
         if len(jobs) == 1:  # the usual refresh (one delta): no thread to start and join
             m, name = jobs[0]
-            return [self._fetch_file(m, name, plan.path, work / f"0-{name}")]
+            return [self._fetch_file(m, name, plan.path, work / f"0-{name}", ahead)]
         with ThreadPoolExecutor(min(4, len(jobs)), thread_name_prefix="weights-files") as pool:
             futures = [pool.submit(self._fetch_file, m, name, plan.path, work / f"{i}-{name}",
                                    ahead) for i, (m, name) in enumerate(jobs)]  # fmt: skip
