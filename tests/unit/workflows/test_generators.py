@@ -185,3 +185,27 @@ def test_generators_and_workflows_do_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_search_agent_sft_demos_draw_their_own_answers() -> None:
+    spec = {
+        "type": "search_agent_sft",
+        "questions": {"corpus_size": 20, "split": "train"},
+        "search": {"k": 1, "size": 20},
+    }
+    one = _rows(spec)
+    assert [r["id"].rsplit("-", 1)[1] for r in one[:2]] == ["call", "answer"]
+    many = _rows({**spec, "demos": 4})
+    assert len(many) == 4 * len(one)
+    # every demonstration is an episode: the call, then an answer after the same snippet
+    for first, again in zip(many[0::8], many[2::8], strict=True):
+        assert first["completion"] == again["completion"] and first["correct"]
+    answers: dict[str, set[str]] = {}
+    for row in many[1::2]:
+        answers.setdefault(row["prompt"], set()).add(row["completion"])
+        assert row["correct"] or row["completion"] in row["prompt"].rsplit("tool: ", 1)[1]
+    assert len(answers) == len(one) // 2
+    # several answers per question: nothing to memorise as the one reply to a question
+    assert sum(len(a) > 1 for a in answers.values()) > len(answers) // 3
+    # the first draw per question is the single-demonstration answer
+    assert [r["completion"] for r in many[1::8]] == [r["completion"] for r in one[1::2]]

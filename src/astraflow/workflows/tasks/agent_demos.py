@@ -6,6 +6,9 @@ search call with the city as query (always right), then the final answer after t
 snippet (the agent's own observation), right with probability ``correct_prob`` and otherwise
 another name in the snippet (the city, or the other fact of a founding sentence). Every
 demonstration copies from the context; RL has to learn which part the question asks for.
+With ``demos`` > 1 each question is demonstrated that many times, each with its own answer
+draw, so the warm-up leaves several answers per question likely instead of memorising one
+(a memorised answer makes every episode of a GRPO group agree: no learning signal).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class SearchAgentSFTConfig(ConfigModel):
     """The agent's search tool (results must read as they will at rollout)."""
     correct_prob: float = Field(default=0.3, ge=0.0, le=1.0)
     """Probability that a demonstrated final answer is right."""
+    demos: int = Field(default=1, ge=1)
+    """Demonstrated episodes per question, each with its own answer draw: with several, the
+    warm-up learns a spread of answers per question instead of memorising one."""
     eos: str = "<eos>"
     """The char tokenizer's EOS token text (closes assistant turns in the template)."""
     seed: int = 0
@@ -45,12 +51,12 @@ class SearchAgentSFTConfig(ConfigModel):
 
 @GENERATORS.register("search_agent_sft")
 class SearchAgentSFT(Configured[SearchAgentSFTConfig]):
-    """Rows ``{prompt, completion, correct}``: the agent's two turns per question."""
+    """Rows ``{prompt, completion, correct}``: the agent's two turns per demonstration."""
 
     Config = SearchAgentSFTConfig
 
     def rows(self) -> Iterator[dict[str, Any]]:
-        """Two rows per question: the search call, then the (noisy) answer."""
+        """Two rows per demonstration: the search call, then the (noisy) answer."""
         from astraflow.examples.openai_search_agent import TOOLS, first_messages, snippet
 
         cfg = self.config
@@ -65,12 +71,13 @@ class SearchAgentSFT(Configured[SearchAgentSFTConfig]):
             messages = first_messages(row["prompt"])
             args = json.dumps({"query": titles[row["doc_id"]]})
             call = '<tool_call>{"name": "search", "arguments": ' + args + "}</tool_call>"
-            yield {
-                "id": f"{row['id']}-call",
+            call_row = {
+                "id": f"{row['id']}-call" + ("" if cfg.demos == 1 else "-0"),
                 "prompt": render_simple(messages, TOOLS, cfg.eos, generation_prompt=True),
                 "completion": call,
                 "correct": True,
             }
+            yield call_row
             messages += [
                 {
                     "role": "assistant",
@@ -87,15 +94,20 @@ class SearchAgentSFT(Configured[SearchAgentSFTConfig]):
             seen = str(messages[-1]["content"])
             # wrong answers are other names in the snippet (the city, the other fact of a
             # founding sentence): every demonstration copies from the context, 30% the right part
-            others = [
+            others = sorted(
                 f
                 for f in {titles[row["doc_id"]], *facts[row["doc_id"]]}
                 if f != row["answer"] and f in seen
-            ]
-            right = rng.random() < cfg.correct_prob or not others
-            yield {
-                "id": f"{row['id']}-answer",
-                "prompt": render_simple(messages, TOOLS, cfg.eos, generation_prompt=True),
-                "completion": row["answer"] if right else rng.choice(sorted(others)),
-                "correct": right,
-            }
+            )
+            answer_prompt = render_simple(messages, TOOLS, cfg.eos, generation_prompt=True)
+            for k in range(cfg.demos):
+                suffix = "" if cfg.demos == 1 else f"-{k}"
+                if k:  # every demonstration is a whole episode: the call, then the answer
+                    yield {**call_row, "id": f"{row['id']}-call{suffix}"}
+                right = rng.random() < cfg.correct_prob or not others
+                yield {
+                    "id": f"{row['id']}-answer{suffix}",
+                    "prompt": answer_prompt,
+                    "completion": row["answer"] if right else rng.choice(others),
+                    "correct": right,
+                }
