@@ -19,7 +19,9 @@ the same tokens. The SDK clients are built as the ``agent`` workflow builds them
 episode over the node's shared HTTP client, in process (the workflow's default) or over
 loopback HTTP. The three paths take turns round by round, ``--repeats`` times; overhead =
 1 - the median over rounds of the endpoint round's speed relative to the direct one
-(target < 10%).
+(target < 10%). The table also gives this process's CPU time (all threads) per 1k tokens and
+the endpoint's extra CPU for the same tokens: on a shared machine other jobs move wall time
+by +-30% from round to round, CPU time far less.
 
     .venv/bin/python benchmarks/raas_overhead.py            # 3.2M-param model, 8 rounds
     .venv/bin/python benchmarks/raas_overhead.py --quick    # small model, 3 rounds
@@ -343,11 +345,11 @@ async def run_endpoint_pair(
         call = direct if path == "direct" else via_endpoint
         idx = range(r * per_round, (r + 1) * per_round)
         before = policy.engine.metrics()  # type: ignore[attr-defined]
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         tokens = sum(await asyncio.gather(*(call(i, sdks[i % per_round]) for i in idx)))
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         batches = policy.engine.metrics()["batches"] - before["batches"]  # type: ignore[attr-defined]
-        return {"tokens": tokens, "seconds": elapsed, "batches": batches}
+        return {"tokens": tokens, "seconds": elapsed, "cpu": cpu, "batches": batches}
 
     out: dict[str, list[dict[str, float]]] = {k: [] for k in ENDPOINT_PATHS}
     for _ in range(args.repeats):
@@ -384,16 +386,20 @@ def _endpoint_row(
         "rate": tokens / sum(r["seconds"] for r in rounds),
         "batch": per_round * len(rounds) / max(sum(r["batches"] for r in rounds), 1),
         "ratios": [d["seconds"] / r["seconds"] for r, d in zip(rounds, direct, strict=True)],
+        "cpu_ratios": [d["cpu"] / r["cpu"] for r, d in zip(rounds, direct, strict=True)],
+        "cpu_per_ktok": 1000 * sum(r["cpu"] for r in rounds) / max(tokens, 1),
     }
 
 
 def print_endpoint(result: dict[str, dict[str, Any]]) -> None:
     """The endpoint table. Overhead = 1 - the median over rounds of (direct round time /
     endpoint round time): the paths take turns round by round on the same prompts and
-    seeds, so a load change on the shared machine hits neighbouring rounds alike."""
+    seeds, so a load change on the shared machine hits neighbouring rounds alike. The CPU
+    columns count this process's CPU time (every thread: engine and event loop), which other
+    jobs on a shared machine move far less than wall time."""
     print(
         f"\n{'path':<44}{'tokens':>7}{'tokens/s':>10}{'mean batch':>12}{'overhead':>10}"
-        "  per-round speed vs direct: quartiles"
+        f"{'CPU s/1k tok':>14}{'CPU overhead':>14}  per-round speed vs direct: quartiles"
     )
     labels = {
         "direct": "PolicyHandle.generate (baseline)",
@@ -402,16 +408,20 @@ def print_endpoint(result: dict[str, dict[str, Any]]) -> None:
     }
     for key, label in labels.items():
         r = result[key]
-        over, spread = "", ""
+        over, cpu_over, spread = "", "", ""
         if key != "direct":
             over = f"{1 - statistics.median(r['ratios']):+.1%}"
+            cpu_over = f"{1 / statistics.median(r['cpu_ratios']) - 1:+.1%}"
             q = statistics.quantiles(r["ratios"], n=4) if len(r["ratios"]) > 1 else r["ratios"]
             spread = "  " + " ".join(f"{x:.3f}" for x in q)
         print(
             f"{label:<44}{int(r['tokens']):>7}{r['rate']:>10.0f}{r['batch']:>12.1f}{over:>10}"
-            f"{spread}"
+            f"{r['cpu_per_ktok']:>14.2f}{cpu_over:>14}{spread}"
         )
-    print("overhead = 1 - endpoint tokens/s / direct tokens/s (median over rounds; target < 10%)")
+    print(
+        "overhead = 1 - endpoint tokens/s / direct tokens/s (median over rounds; target < 10%); "
+        "CPU overhead = endpoint CPU s / direct CPU s - 1 for the same tokens (median over rounds)"
+    )
 
 
 async def main() -> None:
