@@ -424,6 +424,87 @@ def print_endpoint(result: dict[str, dict[str, Any]]) -> None:
     )
 
 
+async def per_call_cpu(args: argparse.Namespace, calls: int = 640) -> dict[str, float]:
+    """CPU ms per call of each layer of the endpoint path, with a policy that answers at once
+    (a fixed 48-token generation, no engine): the handle called directly, a raw HTTP POST into
+    the endpoint in process (transport, routes, render, capture, reply), and the ``openai``
+    SDK call the agent makes (the POST plus the SDK's request building and reply parsing)."""
+    import numpy as np
+    import openai
+
+    from astraflow.models import ModelSpec, TokenizerSpec, build_tokenizer
+    from astraflow.raas.endpoint import AgentEndpoint
+    from astraflow.workflows.agent import AgentConfig, AgentSession
+    from astraflow.workflows.api import Generation, NamedPolicy, encode_prompt
+    from astraflow.workflows.chat_format import ChatFormat
+
+    spec = ModelSpec(model_type="qwen3", tokenizer=TokenizerSpec(type="char", alphabet=ALPHABET))
+    tok = build_tokenizer(spec)
+    reply = np.asarray(tok.encode("1+2=3, 4+5=9. " * 4, add_special_tokens=False)[:48], np.int32)
+
+    class Instant(NamedPolicy):
+        version = 0
+
+        async def generate(self, prompt: Any, sampling: Any = None, *, n: int = 1) -> Any:
+            ids = np.asarray(encode_prompt(self.tokenizer, prompt), dtype=np.int32)
+            await asyncio.sleep(0)
+            logprobs = np.zeros(len(reply), np.float32)
+            return [Generation("policy", 0, ids, reply, logprobs, "", "length")] * n
+
+    policy, fmt = Instant("policy", tok), ChatFormat(tok)
+    endpoint = AgentEndpoint()
+    await endpoint.start()
+    http = endpoint.http_client("in_process")
+    config = AgentConfig(entry="astraflow.examples.openai_search_agent:run", max_tokens_limit=4096)
+    wave = args.batch * args.group
+    chats = [[{"role": "user", "content": t}] for t in prompts(wave)]
+    ids = [tok.encode(fmt.render(c), add_special_tokens=False) for c in chats]
+    cpu = dict.fromkeys(("direct", "http", "sdk"), 0.0)
+    bodies: list[dict[str, Any]] = [
+        {"model": "policy", "messages": c, "max_tokens": args.new_tokens, "seed": i}
+        for i, c in enumerate(chats)
+    ]
+    waves = max(1, calls // wave)
+    for w in range(waves + 1):  # the first wave warms up
+        sessions = [
+            endpoint.open(AgentSession("", {"policy": policy}, {"policy": fmt}, config))
+            for _ in range(wave)
+        ]
+        sdks = [
+            openai.AsyncOpenAI(
+                base_url=s.base_url, api_key=s.api_key, max_retries=0, http_client=http
+            )
+            for s in sessions
+        ]
+        urls = [f"{s.base_url}/chat/completions" for s in sessions]
+        for name in cpu:
+            started = time.process_time()
+            if name == "direct":
+                await asyncio.gather(*(policy.generate(ids[i]) for i in range(wave)))
+            elif name == "http":
+                await asyncio.gather(*(http.post(urls[i], json=bodies[i]) for i in range(wave)))
+            else:
+                await asyncio.gather(
+                    *(sdks[i].chat.completions.create(**bodies[i]) for i in range(wave))
+                )
+            if w:
+                cpu[name] += time.process_time() - started
+        for s in sessions:
+            endpoint.close(s)
+    await endpoint.stop()
+    return {k: 1000 * v / (waves * wave) for k, v in cpu.items()}
+
+
+def print_per_call(ms: dict[str, float]) -> None:
+    """Where an endpoint call's CPU goes (instant policy, no engine)."""
+    endpoint, sdk = ms["http"] - ms["direct"], ms["sdk"] - ms["http"]
+    print(
+        f"\nCPU per call, instant policy: handle {ms['direct']:.2f} ms; raw HTTP POST into the "
+        f"endpoint {ms['http']:.2f} ms (endpoint + transport {endpoint:.2f} ms); openai SDK "
+        f"call {ms['sdk']:.2f} ms (SDK request building and reply parsing {sdk:.2f} ms)"
+    )
+
+
 async def main() -> None:
     args = parse_args()
     if args.threads:
@@ -448,6 +529,7 @@ async def main() -> None:
         if args.endpoint:  # agents' calls reach the engine one by one: a window that waits
             # for stragglers while calls keep arriving (the same engine config for all rows)
             print_endpoint(await run_endpoint_pair(root, args, {**engine_cfg, **ENDPOINT_BATCHING}))
+            print_per_call(await per_call_cpu(args))
         if not args.skip_node:
             print_node(await node_rows(root, args, engine_cfg), args)
 
