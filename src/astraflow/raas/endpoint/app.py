@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from astraflow.errors import ServiceUnavailableError
-from astraflow.raas.endpoint.clients import Transport, sdk_http_client
+from astraflow.raas.endpoint.clients import SERVER_KEEPALIVE_S, Transport, sdk_http_client
 from astraflow.raas.endpoint.service import chat_completion, list_models, text_completion
 from astraflow.raas.endpoint.wire import ChatRequest, CompletionRequest, EndpointError
 from astraflow.workflows.agent import AgentSession
@@ -148,6 +148,7 @@ class AgentEndpoint:
             log_level="warning",
             lifespan="off",
             access_log=False,
+            timeout_keep_alive=int(SERVER_KEEPALIVE_S),
         )
         self._server = _NodeServer(config)
         self._serving = asyncio.create_task(self._server.serve(), name="agent-endpoint")

@@ -18,12 +18,18 @@ from __future__ import annotations
 import importlib
 from typing import Any, Literal
 
-__all__ = ["Transport", "sdk_http_client"]
+__all__ = ["CLIENT_KEEPALIVE_S", "SERVER_KEEPALIVE_S", "Transport", "sdk_http_client"]
 
 Transport = Literal["in_process", "loopback"]
 
 #: Keep-alive connections kept per loopback client (one per concurrent agent call).
 MAX_KEEPALIVE = 512
+#: Seconds the endpoint's server keeps an idle connection open, and (well under it) the
+#: seconds a loopback client reuses one: with both at the libraries' 5 s, a connection idle
+#: for ~5 s (an agent's tool call, a loaded machine) was reused just as the server closed it,
+#: and the call failed with a read error while its generation was cancelled.
+SERVER_KEEPALIVE_S = 60.0
+CLIENT_KEEPALIVE_S = 20.0
 
 
 def _httpx_flavour(client_cls: type) -> Any:
@@ -44,6 +50,10 @@ def sdk_http_client(transport: Transport, app: Any) -> Any:
         # the app answers every failure itself (a 500 naming no internals): never re-raise
         asgi = lib.ASGITransport(app=app, raise_app_exceptions=False)
         return client_cls(transport=asgi, trust_env=False)
-    limits = lib.Limits(max_connections=None, max_keepalive_connections=MAX_KEEPALIVE)
+    limits = lib.Limits(
+        max_connections=None,
+        max_keepalive_connections=MAX_KEEPALIVE,
+        keepalive_expiry=CLIENT_KEEPALIVE_S,
+    )
     # trust_env=False: a proxy from the environment must never see loopback agent traffic
     return client_cls(limits=limits, trust_env=False)
