@@ -50,6 +50,7 @@ import yaml
 
 from astraflow.launch.config import RunConfig
 from astraflow.launch.local import LocalRun
+from final_policy import FinalPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {
@@ -72,48 +73,6 @@ def arm_config(arm: str, seed: int, run_dir: Path, args: argparse.Namespace) -> 
     for ev in raw["eval"]:
         ev["every_s"] = args.eval_every_s
     return RunConfig.model_validate(raw)
-
-
-class Policy:
-    """A policy's final weights from a finished run's weight store, for sampling."""
-
-    def __init__(self, store: Path, policy: str) -> None:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        from astraflow.weights import WeightClient
-
-        client = WeightClient(store)
-        assets = client.fetch_assets(policy, store.parent / f".assets-{policy}")
-        self.tok = AutoTokenizer.from_pretrained(assets)
-        self.tok.padding_side = "left"
-        latest = client.latest(policy)
-        assert latest is not None, f"no published version of {policy}"
-        dtype = getattr(torch, client.manifest(policy, latest).tensors[0].dtype)
-        self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(assets),
-                                                      dtype=dtype).eval()  # fmt: skip
-        client.pull(policy, self.model.state_dict(), None, latest)
-        self.version = latest
-
-    def complete(self, prompts: list[str], max_new: int, samples: int = 1) -> list[list[str]]:
-        """``samples`` completions per prompt (greedy when 1, else temperature 1)."""
-        import torch
-
-        from astraflow.models.padding import left_padded
-
-        ids = [self.tok.encode(p, add_special_tokens=False) for p in prompts]
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
-        x, mask = left_padded(ids, pad)
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=x, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
-                eos_token_id=self.tok.eos_token_id, do_sample=samples > 1,
-                temperature=1.0 if samples > 1 else None, top_p=None, top_k=None,
-                num_return_sequences=samples,
-            )  # fmt: skip
-        texts = [self.tok.decode(r[x.shape[1] :], skip_special_tokens=True)
-                 for r in out.tolist()]  # fmt: skip
-        return [texts[i * samples : (i + 1) * samples] for i in range(len(prompts))]
 
 
 def held_out() -> list[dict[str, Any]]:
@@ -142,7 +101,7 @@ def inference(run_dir: Path, arm: str, config: RunConfig, args: argparse.Namespa
     torch.manual_seed(seed)
     rows = held_out()
     prompts = [r["prompt"] for r in rows]
-    solver = Policy(run_dir / "weights", "solver")
+    solver = FinalPolicy(run_dir / "weights", "solver")
     greedy = [c[0] for c in solver.complete(prompts, 12)]
     sampled = solver.complete(prompts, 12, samples=args.k)
     sandbox = Sandbox(SandboxConfig(time_limit_s=5, cache_size=1 << 16))
@@ -164,7 +123,7 @@ def inference(run_dir: Path, arm: str, config: RunConfig, args: argparse.Namespa
     }
     workflow = config.workflows[arm].kwargs if arm in SECOND else {}
     if arm == "solver_selector":
-        selector = Policy(run_dir / "weights", "selector")
+        selector = FinalPolicy(run_dir / "weights", "selector")
         template = workflow["selector_template"]
         asks = [fill(template, {"question": r["prompt"], "candidates": "\n".join(
                     f"({i + 1}) {a.strip()}" for i, a in enumerate(cands))})
@@ -174,7 +133,7 @@ def inference(run_dir: Path, arm: str, config: RunConfig, args: argparse.Namespa
         out[f"selected@{args.k}"] = _mean([
             p is not None and per_sample[p][i] for i, p in enumerate(picks)])  # fmt: skip
     if arm == "solver_testgen":
-        writer = Policy(run_dir / "weights", "testgen")
+        writer = FinalPolicy(run_dir / "weights", "testgen")
         template = workflow["testgen_template"]
         tests = writer.complete([fill(template, r) for r in rows], 32, samples=args.m)
         valid = asyncio.run(passes([f"{reference_program(r)}\n\n{extract_code(t)}\n"

@@ -40,6 +40,7 @@ import yaml
 
 from astraflow.launch.config import RunConfig
 from astraflow.launch.local import LocalRun
+from final_policy import FinalPolicy
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "examples" / "solver_verifier.yaml"
@@ -70,48 +71,11 @@ def arm_config(arm: str, seed: int, run_dir: Path, args: argparse.Namespace) -> 
     return RunConfig.model_validate(raw)
 
 
-class Policy:
-    """A policy's final weights from a finished run's weight store, for sampling."""
-
-    def __init__(self, store: Path, policy: str) -> None:
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        from astraflow.weights import WeightClient
-
-        client = WeightClient(store)
-        assets = client.fetch_assets(policy, store.parent / f".assets-{policy}")
-        self.tok = AutoTokenizer.from_pretrained(assets)
-        self.tok.padding_side = "left"
-        latest = client.latest(policy)
-        assert latest is not None, f"no published version of {policy}"
-        dtype = getattr(torch, client.manifest(policy, latest).tensors[0].dtype)
-        self.model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(assets),
-                                                      dtype=dtype).eval()  # fmt: skip
-        client.pull(policy, self.model.state_dict(), None, latest)
-        self.version = latest
-
-    def complete(self, prompts: list[str], max_new: int, samples: int = 1) -> list[list[str]]:
-        """``samples`` completions per prompt (greedy when 1, else temperature 1)."""
-        import torch
-
-        from astraflow.models.padding import left_padded
-        from astraflow.workflows.api import encode_prompt
-        from astraflow.workflows.prompts import build_prompt
-
-        ids = [list(encode_prompt(self.tok, build_prompt({"prompt": p}))) for p in prompts]
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
-        x, mask = left_padded(ids, pad)
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=x, attention_mask=mask, max_new_tokens=max_new, pad_token_id=pad,
-                eos_token_id=self.tok.eos_token_id, do_sample=samples > 1,
-                temperature=1.0 if samples > 1 else None, top_p=None, top_k=None,
-                num_return_sequences=samples,
-            )  # fmt: skip
-        texts = [self.tok.decode(r[x.shape[1] :], skip_special_tokens=True).strip()
-                 for r in out.tolist()]  # fmt: skip
-        return [texts[i * samples : (i + 1) * samples] for i in range(len(prompts))]
+def _complete(policy: FinalPolicy, prompts: list[str], max_new: int, samples: int = 1
+              ) -> list[list[str]]:  # fmt: skip
+    """The policy's completions of templated prompts, stripped."""
+    completions = policy.complete(prompts, max_new, samples, templated=True)
+    return [[text.strip() for text in texts] for texts in completions]
 
 
 def inference(run_dir: Path, verifier: bool, k: int, n: int, seed: int) -> dict[str, float]:
@@ -123,17 +87,17 @@ def inference(run_dir: Path, verifier: bool, k: int, n: int, seed: int) -> dict[
     torch.manual_seed(seed)
     rows = list(GENERATORS.build({"type": "add1", "split": "eval", "size": n}, seed=0).rows())
     prompts = [r["prompt"] for r in rows]
-    solver = Policy(run_dir / "weights", "solver")
-    greedy = [c[0] for c in solver.complete(prompts, 3)]
-    sampled = solver.complete(prompts, 3, samples=k)
+    solver = FinalPolicy(run_dir / "weights", "solver")
+    greedy = [c[0] for c in _complete(solver, prompts, 3)]
+    sampled = _complete(solver, prompts, 3, samples=k)
     out = {
         "greedy": _acc(greedy, rows),
         f"majority@{k}": _acc([Counter(c).most_common(1)[0][0] for c in sampled], rows),
     }
     if verifier:
-        judge = Policy(run_dir / "weights", "verifier")
+        judge = FinalPolicy(run_dir / "weights", "verifier")
         asks = [f"{p}{a}?" for p, cands in zip(prompts, sampled, strict=True) for a in cands]
-        verdicts = [c[0].startswith("yes") for c in judge.complete(asks, 4)]
+        verdicts = [c[0].startswith("yes") for c in _complete(judge, asks, 4)]
         votes = []
         for i, cands in enumerate(sampled):
             kept = [a for j, a in enumerate(cands) if verdicts[i * k + j]]
