@@ -188,33 +188,44 @@ class _Role:
         self.task = task
         self.pool = task.answer_pool()
 
+    #: Prefix of the rows' ids and of each row's label seed.
+    key = ""
+
+    def rows(self) -> Iterator[dict[str, Any]]:
+        """One row per task row, each labelled with its own seeded draw."""
+        for row in self.task.rows():
+            rng = random.Random(f"{self.key}:{self.config.seed}:{row['id']}")
+            yield {"id": f"{self.key}-{row['id']}", **self.labelled(row, rng)}
+
+    def labelled(self, row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+        """The warm-up row (prompt, completion, correct) for one task row."""
+        raise NotImplementedError
+
 
 @GENERATORS.register("pyfunc_select")
 class PyFuncSelect(_Role):
     """Selector warm-up rows: numbered candidates → the number of a right one."""
 
     Config = PyFuncSelectConfig
+    key = "select"
 
-    def rows(self) -> Iterator[dict[str, Any]]:
-        """One row per task row."""
+    def labelled(self, row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+        """Numbered candidates (at least one right) and the number picked."""
         cfg = self.config
-        for row in self.task.rows():
-            rng = random.Random(f"select:{cfg.seed}:{row['id']}")
-            wrong = [a for a in self.pool if a != row["answer"]]
-            right = [rng.random() < cfg.right_prob for _ in range(cfg.candidates)]
-            if not any(right):
-                right[rng.randrange(cfg.candidates)] = True
-            answers = [row["answer"] if ok else rng.choice(wrong) for ok in right]
-            text = "\n".join(f"({i + 1}) {a}" for i, a in enumerate(answers))
-            good = [i for i, ok in enumerate(right) if ok]
-            labelled = rng.random() < cfg.correct_prob
-            pick = rng.choice(good) if labelled else rng.randrange(len(right))
-            yield {
-                "id": f"select-{row['id']}",
-                "prompt": fill(cfg.template, {"question": row["prompt"], "candidates": text}),
-                "completion": str(pick + 1),
-                "correct": right[pick],
-            }
+        wrong = [a for a in self.pool if a != row["answer"]]
+        right = [rng.random() < cfg.right_prob for _ in range(cfg.candidates)]
+        if not any(right):
+            right[rng.randrange(cfg.candidates)] = True
+        answers = [row["answer"] if ok else rng.choice(wrong) for ok in right]
+        text = "\n".join(f"({i + 1}) {a}" for i, a in enumerate(answers))
+        good = [i for i, ok in enumerate(right) if ok]
+        labelled = rng.random() < cfg.correct_prob
+        pick = rng.choice(good) if labelled else rng.randrange(len(right))
+        return {
+            "prompt": fill(cfg.template, {"question": row["prompt"], "candidates": text}),
+            "completion": str(pick + 1),
+            "correct": right[pick],
+        }
 
 
 class PyFuncTestsConfig(_RoleConfig):
@@ -229,22 +240,20 @@ class PyFuncTests(_Role):
     """Test-writer warm-up rows: a task → ``assert f(A) == B`` (right with ``correct_prob``)."""
 
     Config = PyFuncTestsConfig
+    key = "tests"
 
-    def rows(self) -> Iterator[dict[str, Any]]:
-        """One row per task row."""
+    def labelled(self, row: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+        """One assert on a drawn input, right with ``correct_prob``."""
         cfg = self.config
-        for row in self.task.rows():
-            rng = random.Random(f"tests:{cfg.seed}:{row['id']}")
-            kind = row["kind"]
-            x = rng.choice(_TEST_INPUTS[kind])
-            arg = list(x) if kind == "list" else x
-            body = row["answer"]
-            if rng.random() >= cfg.correct_prob:
-                body = rng.choice([s[2] for s in SPECS if s[0] == kind and s[2] != body])
-            expected = _function(kind, body)(arg)
-            yield {
-                "id": f"tests-{row['id']}",
-                "prompt": fill(cfg.template, row),
-                "completion": f"assert f({_literal(kind, x)}) == {expected!r}",
-                "correct": expected == _function(kind, row["answer"])(arg),
-            }
+        kind = row["kind"]
+        x = rng.choice(_TEST_INPUTS[kind])
+        arg = list(x) if kind == "list" else x
+        body = row["answer"]
+        if rng.random() >= cfg.correct_prob:
+            body = rng.choice([s[2] for s in SPECS if s[0] == kind and s[2] != body])
+        expected = _function(kind, body)(arg)
+        return {
+            "prompt": fill(cfg.template, row),
+            "completion": f"assert f({_literal(kind, x)}) == {expected!r}",
+            "correct": expected == _function(kind, row["answer"])(arg),
+        }
