@@ -28,7 +28,7 @@ from astraflow.workflows.api import (
 )
 from astraflow.workflows.env import EnvWorkflow, EnvWorkflowConfig
 
-__all__ = ["LocalPolicy", "evaluate_episodes", "play_episodes"]
+__all__ = ["LocalPolicy", "episode_means", "play_episodes"]
 
 
 class LocalPolicy(NamedPolicy):
@@ -150,16 +150,9 @@ def play_episodes(
     return [{key: float(s.meta[key]) for key in keys} for s in samples]
 
 
-def evaluate_episodes(
-    spec: Mapping[str, Any],
-    rows: Sequence[Mapping[str, Any]],
-    policy: LocalPolicy,
-    *,
-    temperature: float,
-    seed: int,
-) -> dict[str, float]:
-    """Play one episode per row; success rate (``accuracy``), mean return and turns."""
-    played = play_episodes(spec, rows, policy, temperature=temperature, seed=seed)
+def episode_means(played: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Figures of played episodes: success rate (``accuracy``), mean return, turns and invalid
+    actions."""
     return {
         "accuracy": statistics.fmean(e["success"] for e in played),
         "return": statistics.fmean(e["return"] for e in played),

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from astraflow.evaluation.config import ScoringSettings
-from astraflow.evaluation.episodes import LocalPolicy, evaluate_episodes, play_episodes
+from astraflow.evaluation.episodes import LocalPolicy, episode_means, play_episodes
 from astraflow.evaluation.metrics import default_pass_at, sampled_metrics
 from astraflow.models.padding import left_padded
 from astraflow.plugins import PluginSpec, validate_config
@@ -98,11 +98,11 @@ class HeldOut:
     def _greedy(self, policy: LocalPolicy, bar: Tracker) -> dict[str, float]:
         if self.env_spec is not None:
             temperature = self.decoding.env_temperature
-            figures = evaluate_episodes(
+            played = play_episodes(
                 self.env_spec, self.rows, policy, temperature=temperature, seed=self.seed
             )
             bar.advance(len(self.rows))
-            return figures
+            return episode_means(played)
         texts = self._complete(policy, self._prompts(policy.tokenizer), None, bar)
         scores = asyncio.run(self._score(texts, self.rows))
         return {"accuracy": math.fsum(scores) / max(1, len(scores))}
