@@ -41,6 +41,7 @@ import yaml
 from astraflow.launch.config import RunConfig
 from astraflow.launch.local import LocalRun
 from final_policy import FinalPolicy
+from study_output import write_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "examples" / "solver_verifier.yaml"
@@ -208,15 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}),
                       flush=True)  # fmt: skip
     rows = summarize(runs)
-    cols = list(rows[0])
-    for row in rows[1:]:
-        cols += [c for c in row if c not in cols]
-    print("\n| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-    for row in rows:
-        print("| " + " | ".join(str(row.get(c, "-")) for c in cols) + " |")
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps({"args": vars(args), "table": rows,
-                                                    "runs": runs}, indent=1))  # fmt: skip
+    write_summary(out, args, rows, runs)
     plot(runs, out.with_suffix(".png"))
     print(f"\nwrote {out.with_suffix('.png')} and {out.with_suffix('.json')}")
     return 0
