@@ -19,9 +19,14 @@ the same tokens. The SDK clients are built as the ``agent`` workflow builds them
 episode over the node's shared HTTP client, in process (the workflow's default) or over
 loopback HTTP. The three paths take turns round by round, ``--repeats`` times; overhead =
 1 - the median over rounds of the endpoint round's speed relative to the direct one
-(target < 10%). The table also gives this process's CPU time (all threads) per 1k tokens and
-the endpoint's extra CPU for the same tokens: on a shared machine other jobs move wall time
-by +-30% from round to round, CPU time far less.
+(target < 10%). The endpoint's cost is per call (the SDK's request building and reply
+parsing, render, capture), so the overhead depends on how many tokens a call generates: the
+first table lets the random tiny model end its turns where it draws the end-of-turn token
+(~25 tokens a call on average), the next ones hold every call to exactly ``--call-tokens``
+tokens on both paths (``min_tokens``, vLLM's extension, which the endpoint accepts), and a
+summary gives the overhead per call shape. The table also gives this process's CPU time (all
+threads) per 1k tokens and the endpoint's extra CPU for the same tokens: on a shared machine
+other jobs move wall time by +-30% from round to round, CPU time far less.
 
     .venv/bin/python benchmarks/raas_overhead.py            # 3.2M-param model, 8 rounds
     .venv/bin/python benchmarks/raas_overhead.py --quick    # small model, 3 rounds
@@ -67,6 +72,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each path")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--endpoint", action="store_true", help="also measure the agent endpoint")
+    p.add_argument(
+        "--call-tokens",
+        type=int,
+        nargs="*",
+        default=[32, 64, 128],
+        help="endpoint tables also for calls of exactly these lengths (min_tokens)",
+    )
     p.add_argument("--skip-node", action="store_true", help="skip the node rows")
     args = p.parse_args()
     if args.quick:
@@ -283,7 +295,7 @@ ENDPOINT_BATCHING = {"batch_wait_ms": 20.0, "batch_gap_ms": 100.0, "batch_max_wa
 
 
 async def run_endpoint_pair(
-    root: Path, args: argparse.Namespace, engine_cfg: dict[str, Any]
+    root: Path, args: argparse.Namespace, engine_cfg: dict[str, Any], fixed: int | None = None
 ) -> dict[str, dict[str, float]]:
     """Direct ``PolicyHandle.generate`` vs the agent endpoint, same policy, prompts, seeds.
 
@@ -319,14 +331,19 @@ async def run_endpoint_pair(
     chats = [[{"role": "user", "content": t}] for t in texts]
     ids = [tok.encode(fmt.render(c), add_special_tokens=False) for c in chats]
 
+    budget = fixed or args.new_tokens
+    extra = {"min_tokens": fixed} if fixed else None
+
     async def direct(i: int, sdk: Any) -> int:
-        params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=1234 + i)
+        params = SamplingParams(
+            max_new_tokens=budget, min_new_tokens=fixed or 0, temperature=1.0, seed=1234 + i
+        )
         (gen,) = await policy.generate(ids[i], params)
         return len(gen.token_ids)
 
     async def via_endpoint(i: int, sdk: Any) -> int:
         reply = await sdk.chat.completions.create(
-            model="policy", messages=chats[i], max_tokens=args.new_tokens, seed=1234 + i
+            model="policy", messages=chats[i], max_tokens=budget, seed=1234 + i, extra_body=extra
         )
         return int(reply.usage.completion_tokens)
 
@@ -391,14 +408,30 @@ def _endpoint_row(
     }
 
 
-def print_endpoint(result: dict[str, dict[str, Any]]) -> None:
+def print_endpoint_summary(
+    summary: list[tuple[int | None, dict[str, dict[str, Any]]]], args: argparse.Namespace
+) -> None:
+    """One line per call shape: tokens per call and the endpoint's overhead (in process)."""
+    calls = args.batch * args.group * args.rounds * args.repeats
+    print(f"\n{'call shape':<34}{'tokens/call':>12}{'overhead':>10}{'CPU overhead':>14}")
+    for fixed, result in summary:
+        r = result["in_process"]
+        label = f"exactly {fixed} tokens" if fixed else f"natural (<= {args.new_tokens})"
+        over = 1 - statistics.median(r["ratios"])
+        cpu = 1 / statistics.median(r["cpu_ratios"]) - 1
+        print(f"{label:<34}{r['tokens'] / calls:>12.1f}{over:>+10.1%}{cpu:>+14.1%}")
+    print("(SDK in process, the agent workflow's default; target < 10%)")
+
+
+def print_endpoint(result: dict[str, dict[str, Any]], shape: str) -> None:
     """The endpoint table. Overhead = 1 - the median over rounds of (direct round time /
     endpoint round time): the paths take turns round by round on the same prompts and
     seeds, so a load change on the shared machine hits neighbouring rounds alike. The CPU
     columns count this process's CPU time (every thread: engine and event loop), which other
     jobs on a shared machine move far less than wall time."""
+    print(f"\ncalls: {shape}")
     print(
-        f"\n{'path':<44}{'tokens':>7}{'tokens/s':>10}{'mean batch':>12}{'overhead':>10}"
+        f"{'path':<44}{'tokens':>7}{'tokens/s':>10}{'mean batch':>12}{'overhead':>10}"
         f"{'CPU s/1k tok':>14}{'CPU overhead':>14}  per-round speed vs direct: quartiles"
     )
     labels = {
@@ -528,7 +561,18 @@ async def main() -> None:
         )
         if args.endpoint:  # agents' calls reach the engine one by one: a window that waits
             # for stragglers while calls keep arriving (the same engine config for all rows)
-            print_endpoint(await run_endpoint_pair(root, args, {**engine_cfg, **ENDPOINT_BATCHING}))
+            cfg = {**engine_cfg, **ENDPOINT_BATCHING}
+            summary = []
+            for fixed in [None, *args.call_tokens]:
+                shape = (
+                    f"each exactly {fixed} tokens (min_tokens = max_tokens)"
+                    if fixed
+                    else f"up to {args.new_tokens} tokens, ending where the model ends its turn"
+                )
+                result = await run_endpoint_pair(root, args, cfg, fixed)
+                print_endpoint(result, shape)
+                summary.append((fixed, result))
+            print_endpoint_summary(summary, args)
             print_per_call(await per_call_cpu(args))
         if not args.skip_node:
             print_node(await node_rows(root, args, engine_cfg), args)

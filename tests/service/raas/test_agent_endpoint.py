@@ -180,6 +180,59 @@ async def test_64_concurrent_agents_see_only_their_own_tokens(
         assert before_last == fmt.render(last), "context = the template's rendering"
 
 
+async def test_min_tokens_holds_off_the_end_of_turn(
+    endpoint: AgentEndpoint, node_policy: Any
+) -> None:
+    import openai
+
+    cfg = AgentConfig(entry="fixtures.agents:chat_agent", max_tokens_limit=64)
+    fmt = ChatFormat(node_policy.tokenizer)
+    session = endpoint.open(AgentSession("", {"policy": node_policy}, {"policy": fmt}, cfg))
+    client = openai.AsyncOpenAI(
+        base_url=session.base_url,
+        api_key=session.api_key,
+        max_retries=0,
+        http_client=endpoint.http_client("in_process"),
+    )
+    hi = [{"role": "user", "content": "1+2="}]
+    plain = await client.chat.completions.create(
+        model="policy", messages=hi, max_tokens=24, seed=7
+    )
+    text = plain.choices[0].message.content
+    assert text and plain.usage is not None and plain.usage.completion_tokens == 24
+    # a stop string met at the first token ends the turn there (seeded: the same draws) ...
+    stop = text[0]
+    ended = await client.chat.completions.create(
+        model="policy", messages=hi, max_tokens=24, seed=7, stop=[stop]
+    )
+    assert ended.usage is not None and ended.usage.completion_tokens == 1
+    # ... unless min_tokens holds it off: the same 24 tokens as without the stop string
+    held = await client.chat.completions.create(
+        model="policy",
+        messages=hi,
+        max_tokens=24,
+        seed=7,
+        stop=[stop],
+        extra_body={"min_tokens": 24},
+    )
+    assert held.usage is not None and held.usage.completion_tokens == 24
+    assert held.choices[0].message.content == text
+    # capped at the budget, never an error; a negative one is refused before anything runs
+    capped = await client.chat.completions.create(
+        model="policy", messages=hi, max_tokens=5, extra_body={"min_tokens": 50}
+    )
+    assert capped.usage is not None and capped.usage.completion_tokens == 5
+    calls = session.recorder.calls
+    with pytest.raises(openai.BadRequestError) as bad:
+        await client.chat.completions.create(
+            model="policy", messages=hi, max_tokens=5, extra_body={"min_tokens": -1}
+        )
+    assert bad.value.param == "min_tokens"
+    assert session.recorder.calls == calls
+    endpoint.close(session)
+    await client.close()
+
+
 async def test_agent_given_a_bare_base_url(endpoint: AgentEndpoint) -> None:
     policy = TinyPolicy("policy", script=lambda p: "hello")
     wf = _workflow(endpoint, "fixtures.agents:url_agent", client="base_url")

@@ -61,6 +61,7 @@ def _budget(session: AgentSession, asked: int | None, param: str) -> int:
 def _sampling(req: ChatRequest | CompletionRequest, budget: int) -> SamplingParams:
     return SamplingParams(
         max_new_tokens=budget,
+        min_new_tokens=min(req.min_tokens, budget),
         temperature=req.temperature,
         top_p=req.top_p,
         stop=req.stop_strings(),

@@ -102,6 +102,9 @@ class _Sampling(_Lenient):
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
+    min_tokens: int = Field(default=0, ge=0)
+    """vLLM's extension (``extra_body={"min_tokens": N}``): end-of-turn and stop strings are
+    ignored until N tokens are generated; capped at the request's token budget."""
 
     @field_validator("stop")
     @classmethod
