@@ -195,9 +195,7 @@ async def test_min_tokens_holds_off_the_end_of_turn(
         http_client=endpoint.http_client("in_process"),
     )
     hi = [{"role": "user", "content": "1+2="}]
-    plain = await client.chat.completions.create(
-        model="policy", messages=hi, max_tokens=24, seed=7
-    )
+    plain = await client.chat.completions.create(model="policy", messages=hi, max_tokens=24, seed=7)
     text = plain.choices[0].message.content
     assert text and plain.usage is not None and plain.usage.completion_tokens == 24
     # a stop string met at the first token ends the turn there (seeded: the same draws) ...
