@@ -52,6 +52,7 @@ from astraflow.launch.config import RunConfig
 from astraflow.launch.local import LocalRun
 from final_policy import FinalPolicy
 from study_output import write_summary
+from warm_start import sft_init
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {
@@ -63,14 +64,21 @@ ARMS = tuple(RECIPES)
 SECOND = {"solver_selector": "selector", "solver_testgen": "testgen"}
 
 
-def arm_config(arm: str, seed: int, run_dir: Path, args: argparse.Namespace) -> RunConfig:
-    """The arm's shipped recipe, shortened to ``args.steps`` versions per policy."""
+def arm_config(
+    arm: str, seed: int, run_dir: Path, args: argparse.Namespace, init: Path | None = None
+) -> RunConfig:
+    """The arm's shipped recipe, shortened to ``args.steps`` versions per policy (the solver
+    starting from the warmed-up model ``init`` if given)."""
     raw: dict[str, Any] = yaml.safe_load(RECIPES[arm].read_text())
     raw.update(run_dir=str(run_dir), seed=seed, max_time_s=args.max_time_s)
     for policy in raw["policies"].values():
         policy["trainer"]["max_steps"] = args.steps
         if args.warmup_steps is not None:
             policy["warmup"]["steps"] = args.warmup_steps
+    if init is not None:  # the seed's solver warm-up, done once: every arm starts from it
+        solver = raw["policies"]["solver"]
+        solver["model"] = {"name_or_path": str(init)}
+        del solver["warmup"]
     for ev in raw["eval"]:
         ev["every_s"] = args.eval_every_s
     return RunConfig.model_validate(raw)
@@ -172,10 +180,24 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_one(arm: str, seed: int, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
+def solver_init(seed: int, scratch: Path, args: argparse.Namespace) -> Path:
+    """The solver's SFT warm-up for ``seed`` (the recipes share it), done once per seed."""
+    out = scratch / f"init-solver-s{seed}"
+    if (out / "config.json").is_file():
+        return out
+    solver = arm_config("solver", seed, scratch / "warmup", args).policies["solver"]
+    started = time.monotonic()
+    sft_init(solver.model, solver.warmup, seed, out)
+    print(f"seed {seed}: solver warm-up {time.monotonic() - started:.0f} s", flush=True)
+    return out
+
+
+def run_one(
+    arm: str, seed: int, scratch: Path, args: argparse.Namespace, init: Path | None = None
+) -> dict[str, Any]:
     """One run of ``arm``, then the held-out inference on its final weights."""
     run_dir = scratch / f"{arm}-s{seed}"
-    config = arm_config(arm, seed, run_dir, args)
+    config = arm_config(arm, seed, run_dir, args, init)
     done = run_dir / "study_run.json"
     if args.reuse and done.is_file():  # the run finished before: its inference only
         record = json.loads(done.read_text())
@@ -295,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                    help="no runs: table and figure of these studies' runs together")  # fmt: skip
     args = p.parse_args(argv)
-    args.steps = args.steps or (2 if args.quick else 40)
+    args.steps = args.steps or (2 if args.quick else 20)
     if args.quick and args.warmup_steps is None:
         args.warmup_steps = 20
     args.max_time_s = args.max_time_s or 600.0  # a safety net: runs end at --steps versions
@@ -309,8 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(args.scratch or tmp)
         for seed in [] if args.merge else seeds:
+            init = solver_init(seed, scratch, args)
             for arm in args.arms:
-                runs.append(run_one(arm, seed, scratch, args))
+                runs.append(run_one(arm, seed, scratch, args, init))
                 print(json.dumps({k: v for k, v in runs[-1].items() if k != "eval_curve"}),
                       flush=True)  # fmt: skip
     rows = summarize(runs, args.match_version)

@@ -54,6 +54,7 @@ import yaml
 
 from astraflow.launch.config import RunConfig
 from astraflow.launch.local import LocalRun
+from warm_start import sft_init
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "examples" / "data_greso.yaml"
@@ -155,29 +156,11 @@ def read_run(arm: str, seed: int, run_dir: Path, group: int) -> dict[str, Any]:
 
 
 def warm_start(seed: int, scratch: Path, quick: bool) -> Path:
-    """The recipe's SFT warm-up for ``seed``, done once with the trainer's own code (as its
-    runtime does before publishing version 0) and saved as a model folder: every arm of the
-    seed starts from these weights, and no run spends its time warming up again."""
-    import torch
-
-    from astraflow.models import build_model, build_tokenizer
-    from astraflow.trainer.warmup import pair_samples, sft_warmup
-    from astraflow.workflows.tasks import GENERATORS
-
+    """The recipe's SFT warm-up for ``seed``, done once (``warm_start.sft_init``): every arm of
+    the seed starts from these weights."""
     config = arm_config("baseline", seed, scratch / "warmup", 1, quick)
-    spec, w = config.policies["policy"].model, config.policies["policy"].warmup
-    assert w is not None and w.generator is not None
-    torch.set_num_threads(1)  # as the run's trainer (threads.trainer: 1)
-    torch.manual_seed(seed)
-    tokenizer = build_tokenizer(spec)
-    model = build_model(spec, tokenizer).float()
-    pairs = [(r["prompt"], r["completion"]) for r in GENERATORS.build(w.generator).rows()]
-    sft_warmup(model, tokenizer, pair_samples(tokenizer, pairs, add_eos=w.add_eos),
-               steps=w.steps, lr=w.lr, batch_size=w.batch_size, seed=seed)  # fmt: skip
-    out = scratch / f"init-s{seed}"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    policy = config.policies["policy"]
+    return sft_init(policy.model, policy.warmup, seed, scratch / f"init-s{seed}")
 
 
 def rollouts_to_reach(curve: list[dict[str, Any]], accuracy: float) -> int | None:
