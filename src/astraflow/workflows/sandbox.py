@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -256,9 +257,7 @@ class Sandbox:
         os.close(status_w)
         timed_out = False
         try:
-            proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            timed_out = not _wait_exit(proc, limit_s)
         finally:
             _kill_group(proc)
             if cgroup is not None and not kill_members(cgroup):
@@ -334,6 +333,29 @@ def _full(out_path: Path, err_path: Path, cap: int) -> bool:
 def _read_capped(path: Path, cap: int) -> str:
     with path.open("rb") as f:
         return f.read(cap).decode("utf-8", errors="replace")
+
+
+def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` for ``proc`` to end (True) without polling: its pidfd becomes
+    readable when it exits. ``Popen.wait(timeout)`` sleeps 1, 2, 4 ... 50 ms between checks,
+    which added ~10-25 ms to every sandboxed run of a few tens of milliseconds."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3): the polling wait
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if not poller.poll(max(0, math.ceil(timeout_s * 1000))):
+            return False
+    finally:
+        os.close(fd)
+    proc.wait()  # it has ended: reaps at once
+    return True
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

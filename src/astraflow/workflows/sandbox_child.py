@@ -183,6 +183,8 @@ def main() -> None:
     result = _wait_as_init(pid)
     os.write(status_fd, json.dumps(result).encode())
     os.close(status_fd)
+    # nothing is left to flush or clean up: skip the interpreter's teardown (~5 ms a run)
+    os._exit(0)
 
 
 if __name__ == "__main__":
