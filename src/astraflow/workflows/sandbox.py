@@ -31,6 +31,7 @@ import contextlib
 import functools
 import json
 import logging
+import marshal
 import math
 import os
 import secrets
@@ -232,8 +233,8 @@ class Sandbox:
             "rlimits": self._rlimits(limit_s),
             "cgroup_procs": str(cgroup / "cgroup.procs") if cgroup else None,
         }
-        cfg_path = tmp / ".sandbox.json"
-        cfg_path.write_text(json.dumps(config))
+        cfg_path = tmp / ".sandbox.cfg"
+        cfg_path.write_bytes(marshal.dumps(config))  # the child reads it without importing json
         flags = ["-I", "-B"] if self.config.site_packages else ["-I", "-S", "-B"]
         cmd = [*self._prefix, sys.executable, *flags, str(_CHILD), str(cfg_path)]
         out_path, err_path = tmp / ".stdout", tmp / ".stderr"

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
-from collections.abc import Iterable
-from typing import Any
+
+# run by every sandboxed program's set-up: typing names for the type checker only (typing
+# and platform cost more than the interpreter's own start)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Any
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
@@ -76,9 +80,9 @@ def _check(result: int, what: str) -> None:
 
 
 def _syscall(name: str) -> int:
-    numbers = _SYSCALLS.get(platform.machine())
+    numbers = _SYSCALLS.get(os.uname().machine)
     if numbers is None:
-        raise JailError(f"astraflow-sandbox: no syscall table for {platform.machine()}")
+        raise JailError(f"astraflow-sandbox: no syscall table for {os.uname().machine}")
     return numbers[name]
 
 
