@@ -18,6 +18,14 @@ Over a slow link every request costs a round trip, so a pull by one delta takes 
 trip (manifests and file requested together) plus the file's bytes, instead of one per
 manifest, then one for the file. Nothing is written into ``tensors`` before every downloaded
 byte is verified, so a failed pull leaves the node on its current version.
+
+The next version's delta (want = have + 1) is worked on while it travels: one thread only
+receives (and hashes the file as it comes), another decodes each tensor's change as soon as
+its bytes are in, applies it to a staging copy of the tensor (CPU tensors) and checksums the
+copy against the published one. Once the last byte is in and the file verifies, the staged
+copies are copied into ``tensors``, all or none: a tensor whose staged copy does not verify
+stops the pull before anything is written. What is left after the last byte is the last
+tensor's decode and the copies (one extra copy of the changed CPU tensors is held meanwhile).
 """
 
 from __future__ import annotations
@@ -32,27 +40,29 @@ from collections.abc import Callable, Iterator, MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import numpy.typing as npt
+import numpy as np
 import safetensors
 import safetensors.torch
 import torch
 from pydantic import BaseModel, ConfigDict
 
 from astraflow.errors import ChecksumError, NotFoundError, ValidationError
+from astraflow.weights import delta as codec
 from astraflow.weights.delta import TensorDelta
 from astraflow.weights.manifest import (
     DELTA_FILE,
     FULL_FILE,
     MANIFEST_FILE,
     AssetsManifest,
-    TensorEntry,
     WeightManifest,
     dtype_itemsize,
     file_checksum,
+    file_hasher,
     manifest_ref,
     merged_dir,
+    tensor_checksum,
     version_dir,
 )
 from astraflow.weights.merge import compose_chain, decode_entry
@@ -165,7 +175,10 @@ class WeightClient:
         with self._workdir() as work:
             local = self._download(plan, work)
             assert plan.full is not None
-            tensors = dict(safetensors.torch.load_file(str(local[0])))
+            # copied out, not load_file's tensors: those map the temporary file (kept on disk
+            # while they live, and each page copied on its first write, e.g. by a pull)
+            with safetensors.safe_open(str(local[0]), framework="pt") as f:
+                tensors = {e.name: f.get_tensor(e.name).clone() for e in plan.full.tensors}
             target = plan.deltas[-1] if plan.deltas else plan.full
             self._check_targets(target, tensors)
             self._apply_deltas(plan, local[1:], tensors)
@@ -205,6 +218,7 @@ class WeightClient:
                 plans.values(),
                 key=lambda p: (p.bytes, ("merged", "chain", "full").index(p.path)),
             )
+            verified: set[str] = set()
             with self._workdir() as work:
                 local = self._download(plan, work, ahead)
                 if plan.path == "full":
@@ -212,10 +226,14 @@ class WeightClient:
                     self._copy_full(plan, local.pop(0), tensors)
                 elif self.verify_base:
                     ahead.check_base(plan.deltas[0].base or 0)
-                self._apply_deltas(plan, local, tensors, ahead.early())
+                early = ahead.early() if plan.path == "chain" and len(plan.deltas) == 1 else None
+                if early is not None:
+                    verified = self._commit_early(plan.deltas[0], early, tensors, ahead.base())
+                else:
+                    self._apply_deltas(plan, local, tensors)
         finally:  # a failed pull does not wait for requests it no longer needs
             pool.shutdown(wait=False, cancel_futures=True)
-        self._verify(target, tensors)
+        self._verify(target, tensors, skip=verified)
         stats = PullStats(
             policy=policy, have=have, want=target_version, path=plan.path, bytes=plan.bytes,
             candidates={name: p.bytes for name, p in plans.items()},
@@ -306,8 +324,8 @@ class WeightClient:
         if ahead is not None and path == "chain" and name == DELTA_FILE:
             early = ahead.delta(m.version)  # requested with the manifests: checked like any
             if early is not None:
-                if len(early.data) == entry.size and file_checksum(early.data) == entry.checksum:
-                    early.verified = True  # applied from memory (_apply_deltas)
+                if len(early.data) == entry.size and early.digest == entry.checksum:
+                    early.verified = True  # applied from memory (_commit_early)
                     return dest
                 logger.warning("delta read ahead does not verify source=%s version=%d: "
                                "fetched again", self.source.url, m.version)  # fmt: skip
@@ -376,36 +394,75 @@ class WeightClient:
                 tensors[entry.name].copy_(f.get_tensor(entry.name))
 
     def _apply_deltas(
-        self,
-        plan: _Plan,
-        paths: list[Path],
-        tensors: MutableMapping[str, torch.Tensor],
-        early: _Early | None = None,
+        self, plan: _Plan, paths: list[Path], tensors: MutableMapping[str, torch.Tensor]
     ) -> None:
         if not plan.deltas:
             return
-        if plan.path != "chain" or len(plan.deltas) != 1:
-            early = None  # read ahead: the one delta file of the next version only
-        blobs = [early.data] if early is not None else [p.read_bytes() for p in paths]
-        decoded = early.decoded if early is not None else None
-        composed: dict[str, TensorDelta] = compose_chain(plan.deltas, blobs, decoded)
+        composed: dict[str, TensorDelta] = compose_chain(
+            plan.deltas, [p.read_bytes() for p in paths]
+        )
         done: set[tuple[object, ...]] = set()
         for name, change in composed.items():
             t = tensors[name]
-            key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+            key = _storage_key(t)
             if key in done:
                 continue  # tied weights: one storage under two names, changed once
             done.add(key)
-            new = early.new_values.get(name) if early is not None else None
-            if (
-                new is not None
-                and change.pos is not None
-                and decoded is not None
-                and (decoded.get(name) is change)
-            ):
-                bits(t)[change.pos] = new  # the sums were made while the bytes travelled
-            else:
-                apply_delta(t, change)
+            apply_delta(t, change)
+
+    def _commit_early(
+        self,
+        manifest: WeightManifest,
+        early: _Early,
+        tensors: MutableMapping[str, torch.Tensor],
+        base: dict[str, str] | None,
+    ) -> set[str]:
+        """Write the delta read ahead (its file verified) into ``tensors``; returns the names
+        already verified at ``manifest``'s checksums (their staged copies were; an unchanged
+        tensor was when the base check found it at a base checksum equal to the new one).
+
+        Every staged copy is checked first: one that does not match stops the pull before a
+        tensor is written. Tensors without a staged copy (not on the CPU) get the change
+        decoded ahead, applied in place (checked after, with the others, by ``_verify``).
+        """
+        view = memoryview(early.data)
+        changes: dict[str, TensorDelta] = {}
+        for entry in manifest.tensors:  # every check and decode before the first write
+            digest = early.sums.get(entry.name)
+            if digest is None:
+                changes[entry.name] = early.decoded.get(entry.name) or decode_entry(
+                    manifest, entry, view
+                )
+            elif digest != entry.checksum:
+                raise ChecksumError(
+                    f"{self.source.url}: policy {manifest.policy}: tensor {entry.name!r} "
+                    f"checksum differs: the delta of version {manifest.version} does not lead "
+                    f"the tensors there (were they at the base version?); nothing was written",
+                    field=entry.name,
+                )
+        written: set[tuple[object, ...]] = set()
+        for entry in manifest.tensors:
+            t = tensors[entry.name]
+            key = _storage_key(t)
+            if key in written:
+                continue  # tied weights: one storage under two names, changed once
+            staged = early.staged.get(entry.name)
+            if staged is not None:
+                np.copyto(bits(t), staged)
+                written.add(key)
+            elif changes[entry.name].kind != "same":
+                apply_delta(t, changes[entry.name])
+                written.add(key)
+        verified = set(early.sums)
+        if base is not None:  # unchanged, and found at a base checksum equal to the new one
+            verified |= {
+                e.name
+                for e in manifest.tensors
+                if e.encoding == "same"
+                and base.get(e.name) == e.checksum
+                and _storage_key(tensors[e.name]) not in written
+            }
+        return verified
 
     def _verify_base(
         self,
@@ -427,8 +484,11 @@ class WeightClient:
         tensors: MutableMapping[str, torch.Tensor],
         *,
         before: bool = False,
+        skip: set[str] | frozenset[str] = frozenset(),
     ) -> None:
         for entry in target.tensors:
+            if entry.name in skip:
+                continue  # verified already (a staged copy, or unchanged since the base check)
             if checksum(tensors[entry.name]) != entry.checksum:
                 state = "do not hold" if before else "did not end at"
                 raise ChecksumError(
@@ -444,27 +504,74 @@ def _tensor_bytes(target: WeightManifest) -> int:
     return sum(e.numel * dtype_itemsize(e.dtype) for e in target.tensors)
 
 
+def _storage_key(t: torch.Tensor) -> tuple[object, ...]:
+    """What two names of one tied weight share (one storage, same place and shape)."""
+    return (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+
+
 class _Early:
-    """A delta file read ahead: its bytes, the tensors decoded from them on the way, and
-    whether the bytes matched the manifest's checksum (only then are the tensors used)."""
+    """A delta file read ahead: its bytes and their checksum (made as they arrived), the
+    tensors decoded from them on the way, their staged new contents and those contents'
+    checksums, and whether the bytes matched the manifest's checksum (only then is any of it
+    used)."""
 
     def __init__(self) -> None:
         self.data = b""
+        self.digest = ""
         self.decoded: dict[str, TensorDelta] = {}
-        self.new_values: dict[str, npt.NDArray[Any]] = {}
-        """Per sparse change of a CPU tensor: its new values at the changed positions, read
-        and summed while the rest of the file travels (only written once it verified)."""
+        self.staged: dict[str, codec.UIntArray] = {}
+        """Per changed CPU tensor: a copy of its bits with the change applied (the tensor
+        itself is only read), written into it once the whole file verified."""
+        self.sums: dict[str, str] = {}
+        """The checksum of each staged copy (compared with the published one before any
+        tensor is written)."""
         self.verified = False
 
-    def prepare(self, name: str, change: TensorDelta, t: torch.Tensor | None) -> None:
-        """Sum ``t``'s old values and the change at its positions (reads only)."""
-        if t is None or t.device.type != "cpu" or not t.is_contiguous():
+    def stage(self, name: str, change: TensorDelta, t: torch.Tensor | None) -> None:
+        """Apply ``change`` to a copy of ``t``'s bits and checksum it (reads ``t`` only)."""
+        if change.kind == "same" or t is None or t.device.type != "cpu":
             return
-        if change.kind != "sparse" or change.pos is None or change.values is None:
+        if not t.is_contiguous() or t.element_size() != change.itemsize:
             return
-        flat = bits(t)
-        if flat.size == change.numel and flat.dtype == change.values.dtype:
-            self.new_values[name] = flat[change.pos] + change.values
+        if t.numel() != change.numel:
+            return  # the pull refuses it (_check_targets) before anything is committed
+        new = bits(t).copy()
+        codec.apply(new, change)
+        self.staged[name] = new
+        self.sums[name] = tensor_checksum(new.data)
+
+
+class _Stream:
+    """Bytes of one file as they arrive: one thread appends, another waits for a range."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._cond = threading.Condition()
+        self._ended = False
+
+    def append(self, chunk: bytes) -> None:
+        with self._cond:
+            self._buf += chunk
+            self._cond.notify_all()
+
+    def end(self) -> None:
+        """No more bytes will come (the file is whole, or its transfer failed)."""
+        with self._cond:
+            self._ended = True
+            self._cond.notify_all()
+
+    def read(self, lo: int, hi: int) -> bytes | None:
+        """Bytes ``[lo, hi)`` once they are in; None when the file ended before ``hi``."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._buf) >= hi or self._ended)
+            if len(self._buf) < hi:
+                return None
+            with memoryview(self._buf) as view:
+                return bytes(view[lo:hi])
+
+    def data(self) -> bytes:
+        with self._cond:
+            return bytes(self._buf)
 
 
 class _Ahead:
@@ -524,32 +631,50 @@ class _Ahead:
         return self._merged.result()
 
     def _read_delta(self, rel: str, what: str) -> _Early:
-        """Read the next version's delta file as it arrives, decoding each tensor's change as
-        soon as its bytes are in (once the manifest says where they lie): the decoding work
-        is done while the rest travels. Nothing is applied before the whole file verifies."""
+        """Read the next version's delta file as it arrives (hashing it on the way), while a
+        second thread decodes each tensor's change as soon as its bytes are in and stages
+        the tensor's new contents: the receiving never waits for the decoding, and the
+        decoding is done while the rest travels. Nothing is applied before the whole file
+        verifies (``_commit_early``)."""
         early = _Early()
-        buf = bytearray()
-        pending: list[TensorEntry] | None = None
-        target = self._manifests[self.want]
-        for chunk in self.client.source.chunks(rel, what):
-            buf += chunk
-            if pending is None and target.done() and target.exception() is None:
-                manifest = target.result()
-                if manifest.base != self._base_version:
-                    continue  # not the delta this pull needs: kept as bytes only
-                pending = sorted(manifest.tensors, key=lambda e: e.offset)[::-1]
-            while pending and pending[-1].offset + pending[-1].length <= len(buf):
-                entry = pending.pop()
-                try:
-                    piece = bytes(buf[entry.offset : entry.offset + entry.length])
-                    relative = entry.model_copy(update={"offset": 0})
-                    change = decode_entry(target.result(), relative, piece)
-                    early.decoded[entry.name] = change
-                    early.prepare(entry.name, change, self._tensors.get(entry.name))
-                except (ChecksumError, ValidationError):  # decoded again once verified
-                    pending = []
-        early.data = bytes(buf)
+        stream = _Stream()
+        decoder = threading.Thread(
+            target=self._decode_stream, args=(stream, early), name="weights-decode", daemon=True
+        )
+        decoder.start()
+        hasher = file_hasher()
+        try:
+            for chunk in self.client.source.chunks(rel, what):
+                hasher.update(chunk)
+                stream.append(chunk)
+        finally:
+            stream.end()
+            decoder.join()
+        early.data = stream.data()
+        early.digest = hasher.hexdigest()
         return early
+
+    def _decode_stream(self, stream: _Stream, early: _Early) -> None:
+        """Decode and stage each tensor of the streamed delta, in file order, once its bytes
+        are in (after the manifest says where they lie). Stops at the first tensor that does
+        not decode: whatever is missing is decoded again from the verified file, or refused."""
+        try:
+            manifest = self._manifests[self.want].result()
+        except Exception:  # the pull raises it itself
+            return
+        if manifest.base != self._base_version:
+            return  # not the delta this pull needs: kept as bytes only
+        for entry in sorted(manifest.tensors, key=lambda e: e.offset):
+            piece = stream.read(entry.offset, entry.offset + entry.length)
+            if piece is None:
+                return
+            try:
+                relative = entry.model_copy(update={"offset": 0})
+                change = decode_entry(manifest, relative, piece)
+                early.decoded[entry.name] = change
+                early.stage(entry.name, change, self._tensors.get(entry.name))
+            except (ChecksumError, ValidationError):  # decoded again once verified
+                return
 
     def delta(self, version: int) -> _Early | None:
         """``version``'s delta file if it was read ahead and arrived (else None: fetch it)."""
@@ -567,6 +692,16 @@ class _Ahead:
             return None
         early = self._delta.result()
         return early if early.verified else None
+
+    def base(self) -> dict[str, str] | None:
+        """The base version's tensor checksums, once the base check found the tensors at
+        them (None: not checked, or its manifest is gone)."""
+        if self._base is None or self._base_version is None:
+            return None
+        future = self._manifests.get(self._base_version)
+        if future is None or future.exception() is not None or self._base.exception():
+            return None
+        return {e.name: e.checksum for e in future.result().tensors}
 
     def check_base(self, have: int) -> None:
         """Raise ``ChecksumError`` unless the tensors held ``have`` (checked ahead)."""

@@ -34,8 +34,10 @@ __all__ = [
     "TensorEntry",
     "WeightManifest",
     "check_policy",
+    "delta_layout",
     "dtype_itemsize",
     "file_checksum",
+    "file_hasher",
     "manifest_ref",
     "merged_dir",
     "tensor_checksum",
@@ -99,6 +101,24 @@ def tensor_checksum(data: memoryview | bytes) -> str:
 def file_checksum(data: memoryview | bytes) -> str:
     """xxh3-128 of a whole file's bytes, as hex."""
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def delta_layout(blobs: list[bytes]) -> tuple[bytes, list[int]]:
+    """``delta.bin`` from the tensors' blobs and each blob's offset in it: largest first (a
+    node decodes each tensor as its bytes arrive, so what is left after the last byte is a
+    small tensor's work, not the largest's)."""
+    order = sorted(range(len(blobs)), key=lambda i: -len(blobs[i]))
+    offsets = [0] * len(blobs)
+    offset = 0
+    for i in order:
+        offsets[i] = offset
+        offset += len(blobs[i])
+    return b"".join(blobs[i] for i in order), offsets
+
+
+def file_hasher() -> xxhash.xxh3_128:
+    """The streaming form of :func:`file_checksum` (``update`` per chunk, then ``hexdigest``)."""
+    return xxhash.xxh3_128()
 
 
 class _Record(BaseModel):

@@ -21,6 +21,7 @@ from astraflow.weights.manifest import (
     FileEntry,
     TensorEntry,
     WeightManifest,
+    delta_layout,
     dtype_itemsize,
     file_checksum,
     merged_dir,
@@ -109,15 +110,12 @@ def merge(files: StoreFiles, policy: str, have: int, want: int, level: int = 1) 
     composed = compose_chain(chain, blobs)
     entries: list[TensorEntry] = []
     parts: list[bytes] = []
-    offset = 0
     for entry in chain[-1].tensors:
         encoding, blob = codec.encode(composed[entry.name], level=level)
-        entries.append(
-            entry.model_copy(update={"encoding": encoding, "offset": offset, "length": len(blob)})
-        )
+        entries.append(entry.model_copy(update={"encoding": encoding, "length": len(blob)}))
         parts.append(blob)
-        offset += len(blob)
-    data = b"".join(parts)
+    data, offsets = delta_layout(parts)
+    entries = [e.model_copy(update={"offset": o}) for e, o in zip(entries, offsets, strict=True)]
     files.write(f"{target}/{DELTA_FILE}", data)
     manifest = WeightManifest(
         policy=policy,

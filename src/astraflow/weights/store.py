@@ -44,6 +44,7 @@ from astraflow.weights.manifest import (
     TensorEntry,
     WeightManifest,
     check_policy,
+    delta_layout,
     file_checksum,
     manifest_ref,
     tensor_checksum,
@@ -195,7 +196,6 @@ class WeightStore:
     ) -> list[TensorEntry]:
         entries: list[TensorEntry] = []
         blobs: list[bytes] = []
-        offset = 0
         for name, tensor in host.items():
             new = bits(tensor)
             entry = TensorEntry(
@@ -213,14 +213,14 @@ class WeightStore:
                     encoding, blob = "same", b""
                 else:
                     encoding, blob = "raw", new.tobytes()
-                entry = entry.model_copy(
-                    update={"encoding": encoding, "offset": offset, "length": len(blob)}
-                )
+                entry = entry.model_copy(update={"encoding": encoding, "length": len(blob)})
                 blobs.append(blob)
-                offset += len(blob)
             entries.append(entry)
         if base is not None:
-            data = b"".join(blobs)
+            data, offsets = delta_layout(blobs)
+            entries = [
+                e.model_copy(update={"offset": o}) for e, o in zip(entries, offsets, strict=True)
+            ]
             self.files.write(f"{vdir}/{DELTA_FILE}", data)
             files.append(FileEntry(name=DELTA_FILE, size=len(data), checksum=file_checksum(data)))
         return entries
