@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+import zstandard
 
 from astraflow.errors import ChecksumError, ValidationError
 from astraflow.weights import delta as codec
@@ -37,7 +38,7 @@ def _roundtrip(old: torch.Tensor, new: torch.Tensor) -> str:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    ("fraction", "expected"), [(0.0, "same"), (0.02, "sparse"), (0.5, "dense"), (1.0, "raw")]
+    ("fraction", "expected"), [(0.0, "same"), (0.02, "joint"), (0.5, "dense"), (1.0, "raw")]
 )
 def test_roundtrip_is_bit_exact_for_each_dtype_and_density(
     dtype: torch.dtype, fraction: float, expected: str
@@ -68,7 +69,57 @@ def test_large_gaps_use_the_escape_stream() -> None:
     bits(new)[positions] = 7
     change = codec.diff(bits(old), bits(new))
     assert change.kind == "sparse" and change.changed == len(positions)
-    assert _roundtrip(old, new) == "sparse"
+    assert _roundtrip(old, new) == "joint"
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_joint_escapes_gaps_and_sizes_and_keeps_every_bit(itemsize: int) -> None:
+    """Gaps and sizes (|diff| - 1) of 15 and more go to side streams; the most negative
+    difference (whose size wraps) and every gap length come back exactly."""
+    dtype = codec.uint_dtype(itemsize)
+    top = np.iinfo(dtype).max
+    old = np.random.default_rng(0).integers(0, top, 400_000, dtype=dtype, endpoint=True)
+    new = old.copy()
+    rng = np.random.default_rng(1)
+    positions = np.unique(
+        np.concatenate([[0, 14, 15, 30, 31, 300, 70_000], rng.choice(400_000, 4000)])
+    )
+    weights = [0.25, 0.25, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.05]  # a sixth escaped
+    steps = rng.choice([-1, 1, 2, -2, 3, 15, 16, -16, 17], positions.size, p=weights)
+    new[positions] = old[positions] + steps.astype(np.int64).astype(dtype)
+    new[positions[:3]] = old[positions[:3]] + dtype.type(1 << (8 * itemsize - 1))  # -2**(n-1)
+    new[-1] = old[-1] + dtype.type(1)  # the last element
+    change = codec.diff(old, new)
+    encoding, blob = codec.encode(change, new)
+    assert encoding == "joint"
+    target = old.copy()
+    codec.apply(target, codec.decode(encoding, blob, old.size, itemsize))
+    assert np.array_equal(target, new)
+
+
+def test_mostly_large_differences_are_written_sparse_and_still_read() -> None:
+    old = np.zeros(100_000, dtype=np.uint16)
+    new = old.copy()
+    new[::40] = np.arange(1000, 1000 + new[::40].size, dtype=np.uint16)  # sizes far over 15
+    encoding, blob = codec.encode(codec.diff(old, new), new)
+    assert encoding == "sparse"
+    target = old.copy()
+    codec.apply(target, codec.decode(encoding, blob, old.size, 2))
+    assert np.array_equal(target, new)
+
+
+def test_joint_is_smaller_than_sparse_on_small_steps() -> None:
+    old = (torch.randn(200_000, generator=torch.Generator().manual_seed(0)) * 0.02).to(
+        torch.bfloat16
+    )
+    new = _perturb(old, 0.2, seed=6)
+    change = codec.diff(bits(old), bits(new))
+    encoding, joint = codec.encode(change, bits(new))
+    assert encoding == "joint" and change.pos is not None and change.values is not None
+    gaps = codec._gaps_encode(codec._gaps(change.pos))
+    plain = codec._HEADER.pack(change.pos.size, len(gaps)) + gaps
+    plain += codec._planes(codec._zigzag(change.values))
+    assert len(joint) < len(zstandard.ZstdCompressor(level=1).compress(plain))
 
 
 def test_sparse_delta_is_smaller_than_plain_index_and_value() -> None:
@@ -123,9 +174,19 @@ def test_truncated_or_garbled_blob_is_refused() -> None:
     new = old.copy()
     new[::50] = 3
     encoding, blob = codec.encode(codec.diff(old, new), new)
-    assert encoding == "sparse"
+    assert encoding == "joint"
     with pytest.raises(ChecksumError):
         codec.decode(encoding, blob[: len(blob) // 2], old.size, 2)
+    count, signs = blob[:8], blob[8 : 8 + (2000 + 7) // 8]
+    data = zstandard.ZstdDecompressor().decompress(blob[len(count) + len(signs) :])
+    garbled = [
+        (10**6).to_bytes(8, "little") + blob[8:],  # a count the blob cannot hold
+        *(count + signs + zstandard.ZstdCompressor().compress(d) for d in (data[:-1], data + b"!")),
+        count + signs + zstandard.ZstdCompressor().compress(data[:16] + b"\xff" * (len(data) - 16)),
+    ]  # the last: every gap and size escaped, more escapes than the header says
+    for bad in garbled:
+        with pytest.raises(ChecksumError):
+            codec.decode(encoding, bad, old.size, 2)
     with pytest.raises(ChecksumError):
         codec.decode("raw", b"\x00" * 10, old.size, 2)
     with pytest.raises(ValidationError, match="unknown delta encoding"):

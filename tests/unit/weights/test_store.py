@@ -13,7 +13,16 @@ import torch
 
 from astraflow.errors import ChecksumError, ConflictError, ValidationError
 from astraflow.weights import WeightClient, WeightStore, WeightStoreConfig
-from astraflow.weights.manifest import DELTA_FILE, FULL_FILE, MANIFEST_FILE
+from astraflow.weights import delta as codec
+from astraflow.weights.manifest import (
+    DELTA_FILE,
+    FULL_FILE,
+    MANIFEST_FILE,
+    FileEntry,
+    WeightManifest,
+    delta_layout,
+    file_checksum,
+)
 from astraflow.weights.tensors import SafetensorsFile, bits, checksum
 from fixtures.weights import adam_states
 
@@ -196,6 +205,54 @@ def test_pull_refuses_tensors_that_do_not_hold_have(tmp_path: Path) -> None:
     with pytest.raises(ChecksumError, match="do not hold version 0"):
         WeightClient(tmp_path).pull("p", node, have=0, want=2)
     assert _same(node, before)
+
+
+def test_streamed_delta_whose_middle_tensor_misleads_writes_nothing(tmp_path: Path) -> None:
+    """The next version's delta is decoded and staged tensor by tensor as it streams in; a
+    tensor whose staged result does not match its published checksum (its blob re-encoded to
+    a different change, the file's own checksum made to match) stops the pull before any
+    tensor, even one staged and verified before it, is written."""
+    states = _perturbed_chain(2)
+    with WeightStore(tmp_path) as store:
+        _publish_all(store, states)
+    vdir = tmp_path / "p/v00000001"
+    manifest = WeightManifest.from_json((vdir / MANIFEST_FILE).read_bytes(), where="test")
+    data = (vdir / DELTA_FILE).read_bytes()
+    by_offset = sorted((e for e in manifest.tensors if e.length), key=lambda e: e.offset)
+    assert [e.name for e in by_offset] == ["a.weight", "b.bias", "c.norm"]  # largest first
+    blobs = {e.name: data[e.offset : e.offset + e.length] for e in by_offset}
+    middle = by_offset[1]
+    assert middle.encoding is not None
+    change = codec.decode(middle.encoding, blobs[middle.name], middle.numel, 2)
+    assert change.values is not None
+    wrong = codec.TensorDelta("sparse", change.numel, 2, change.values + 1, change.pos)
+    blobs[middle.name] = codec.encode(wrong)[1]
+    tampered, offsets = delta_layout([blobs.get(e.name, b"") for e in manifest.tensors])
+    entries = tuple(
+        e.model_copy(update={"offset": o, "length": len(blobs.get(e.name, b""))})
+        for e, o in zip(manifest.tensors, offsets, strict=True)
+    )
+    files = (FileEntry(name=DELTA_FILE, size=len(tampered), checksum=file_checksum(tampered)),)
+    (vdir / DELTA_FILE).write_bytes(tampered)
+    rewritten = manifest.model_copy(update={"tensors": entries, "files": files})
+    (vdir / MANIFEST_FILE).write_bytes(rewritten.to_json())
+    node = _copy(states[0])
+    before = _copy(node)
+    with pytest.raises(ChecksumError, match="'b.bias'.*nothing was written"):
+        WeightClient(tmp_path).pull("p", node, have=0, want=1)
+    assert _same(node, before)
+
+
+def test_load_copies_tensors_out_of_its_temporary_file(tmp_path: Path) -> None:
+    states = _perturbed_chain(2)
+    with WeightStore(tmp_path / "store") as store:
+        _publish_all(store, states)
+    cache = tmp_path / "cache"
+    tensors = WeightClient(tmp_path / "store", cache_dir=cache).load("p", 1)
+    assert _same(tensors, states[1])
+    maps = Path("/proc/self/maps")
+    if maps.exists():  # no mapping of the (deleted) downloaded file outlives load()
+        assert str(cache) not in maps.read_text()
 
 
 def test_live_model_with_tied_weights_is_updated_in_place(tmp_path: Path) -> None:
