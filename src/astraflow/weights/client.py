@@ -535,8 +535,7 @@ class _Early:
             return
         if t.numel() != change.numel:
             return  # the pull refuses it (_check_targets) before anything is committed
-        new = bits(t).copy()
-        codec.apply(new, change)
+        new = codec.applied(bits(t), change)
         self.staged[name] = new
         self.sums[name] = tensor_checksum(new.data)
 

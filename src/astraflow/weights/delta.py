@@ -50,6 +50,7 @@ __all__ = [
     "ENCODINGS",
     "Encoding",
     "TensorDelta",
+    "applied",
     "apply",
     "compose",
     "decode",
@@ -249,6 +250,21 @@ def apply(flat: UIntArray, delta: TensorDelta) -> None:
         flat[delta.pos] += delta.values
 
 
+def applied(flat: UIntArray, delta: TensorDelta) -> UIntArray:
+    """A new array: ``flat`` with ``delta`` applied (``flat`` is only read)."""
+    if delta.kind == "sparse" and delta.pos is not None and 8 * delta.pos.size > delta.numel:
+        if flat.size != delta.numel or flat.dtype.itemsize != delta.itemsize:
+            apply(flat, delta)  # raises, naming the sizes
+        assert delta.values is not None
+        change = np.zeros_like(flat)  # dense enough: one scatter, then one add that copies
+        change[delta.pos] = delta.values
+        out: UIntArray = flat + change
+        return out
+    out = flat.copy()
+    apply(out, delta)
+    return out
+
+
 def _expect(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -359,20 +375,27 @@ def _joint_decode(
     )
     symbols = np.frombuffer(data, np.uint8, count, start)
     view = memoryview(data)[start + count :]
-    gaps = (symbols & np.uint8(_NIBBLE)).astype(np.uint64)
-    escaped = np.flatnonzero(gaps == _NIBBLE)
+    low = symbols & np.uint8(_NIBBLE)
+    escaped = np.flatnonzero(low == _NIBBLE)
     _expect(escaped.size == n_gap, "gap escapes do not match their count")
+    pos: IndexArray = low.astype(np.int64)  # the gaps, made positions in place
     if n_gap:
-        gaps[escaped] = _unplanes(view[: 8 * n_gap], n_gap, np.dtype(np.uint64))
-    size = (symbols >> np.uint8(4)).astype(dtype)
-    escaped = np.flatnonzero(size == _NIBBLE)
+        gaps = _unplanes(view[: 8 * n_gap], n_gap, np.dtype(np.uint64))
+        _expect(bool((gaps >= _NIBBLE).all() and (gaps < numel).all()), "escaped gap out of range")
+        pos[escaped] = gaps
+    pos += 1
+    np.cumsum(pos, out=pos)
+    pos -= 1
+    _expect(count == 0 or (pos[0] >= 0 and pos[-1] < numel), "positions out of range")
+    values: UIntArray = (symbols >> np.uint8(4)).astype(dtype)  # sizes, made differences
+    escaped = np.flatnonzero(values == _NIBBLE)
     _expect(escaped.size == n_size, "size escapes do not match their count")
     if n_size:
-        size[escaped] = _unplanes(view[8 * n_gap :], n_size, dtype)
-    size += dtype.type(1)  # wraps back for a size escaped as 2**bits - 1
-    values: UIntArray = np.where(negative.astype(bool), np.negative(size), size)
-    pos = np.cumsum(gaps + np.uint64(1)).view(np.int64) - 1
-    _expect(count == 0 or (pos[0] >= 0 and pos[-1] < numel), "positions out of range")
+        values[escaped] = _unplanes(view[8 * n_gap :], n_size, dtype)
+    values += dtype.type(1)  # wraps back for a size escaped as 2**bits - 1
+    mask = np.negative(negative.astype(dtype))  # all ones where negative
+    np.bitwise_xor(values, mask, out=values)
+    values -= mask  # two's complement negation where negative: (x ^ ~0) + 1
     return pos, values
 
 
