@@ -181,16 +181,19 @@ class Trainer:
 
     def _take(self, stop: threading.Event) -> Batch | bytes | None:
         """Rank 0: the prefetched batch, else a long-poll now; every rank gets the batch (or
-        stop / nothing). A batch prefetched before a stop request is still trained."""
+        stop / nothing). A batch prefetched before a stop request is still trained; a stop
+        request does not wait for a long-poll still in flight (see pipeline.py)."""
         rt = self.runtime
         batch: Batch | None = None
         payload = _STOP
         if self.backend.rank == 0:
             start = time.perf_counter()
             if self._prefetch.in_flight:
-                batch = self._prefetch.result()
+                batch = self._prefetch.result(stop)
             if batch is None and not stop.is_set() and self._room(rt.version):
-                batch = self._poll(stop, rt.version)
+                version = rt.version
+                self._prefetch.start(lambda: self._poll(stop, version))
+                batch = self._prefetch.result(stop)
             self._wait_s += time.perf_counter() - start
             if batch is not None:
                 payload = _BATCH + pack(batch) if self.backend.world_size > 1 else _BATCH

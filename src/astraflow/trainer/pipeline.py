@@ -6,7 +6,11 @@
 
 ``Prefetcher`` long-polls the next batch on its own thread while the current step computes;
 at most one take is in flight, and it names every batch the trainer still holds (the one it
-trains, those whose ack is in flight) so the dataflow keeps them open. ``Publisher`` runs
+trains, those whose ack is in flight) so the dataflow keeps them open. A stop abandons a take
+still in flight instead of waiting out its long-poll (its thread is a daemon, so the process
+exits without it): a batch that take may still be given stays open at the dataflow until this
+trainer takes again without naming it (after a restart) or its ack deadline, then is served
+again, so nothing is lost. ``Publisher`` runs
 write → announce → ack of one version on its own thread; the next version waits for it to
 finish (at most one publish in flight), and a failure there stops the trainer with a
 ``PublishError`` naming the version, so a version is never silently lost. A batch is acked
@@ -19,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +31,9 @@ from astraflow.errors import AstraflowError
 from astraflow.records import Batch
 
 __all__ = ["Prefetcher", "PublishError", "PublishTimes", "Publisher"]
+
+#: How often a wait for the take in flight checks for a stop request (seconds).
+_STOP_CHECK_S = 0.05
 
 
 class PublishError(AstraflowError, RuntimeError):
@@ -50,7 +57,6 @@ class Prefetcher:
     """At most one take in flight on a background thread; tracks the batches not yet acked."""
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
         self._future: Future[Batch | None] | None = None
         self._lock = threading.Lock()
         self._unacked: list[str] = []
@@ -77,21 +83,41 @@ class Prefetcher:
                 self._unacked.remove(batch_id)
 
     def start(self, take: Callable[[], Batch | None]) -> None:
-        """Start ``take`` in the background (one at a time)."""
+        """Start ``take`` in the background (one at a time), on a daemon thread: a take that
+        is abandoned at a stop never holds up the exit of the process."""
         if self._future is not None:
             raise RuntimeError("a prefetch is already in flight")
-        self._future = self._pool.submit(take)
+        future: Future[Batch | None] = Future()
 
-    def result(self) -> Batch | None:
-        """Wait for the take in flight; its batch (None: none came); raises what it raised."""
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(take())
+            except BaseException as exc:  # handed to whoever collects the result
+                future.set_exception(exc)
+
+        threading.Thread(target=run, name="prefetch", daemon=True).start()
+        self._future = future
+
+    def result(self, stop: threading.Event | None = None) -> Batch | None:
+        """Wait for the take in flight; its batch (None: none came); raises what it raised.
+
+        Once ``stop`` is set, a take still waiting is abandoned and this returns None at once
+        (a batch it already brought is returned: a stop still trains it).
+        """
         future, self._future = self._future, None
         if future is None:
             return None
+        while stop is not None and not future.done():
+            if stop.is_set():
+                return None
+            wait([future], timeout=_STOP_CHECK_S)
         return future.result()
 
     def close(self) -> None:
-        """Stop the thread (a take in flight finishes its long-poll first)."""
-        self._pool.shutdown(wait=True)
+        """Forget a take still in flight (its daemon thread ends with its long-poll)."""
+        self._future = None
 
 
 class Publisher:

@@ -12,6 +12,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -156,3 +157,36 @@ def test_a_take_keeps_the_batches_it_names_open_and_releases_the_others(
             assert dataflow.report().policies["solver"].served_samples == 4
     finally:
         producer.stop()
+
+
+def test_a_stop_does_not_wait_out_the_long_poll_in_flight(
+    tmp_path: Path,
+    dataflow_factory: Callable[..., str],
+    weight_root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("astraflow.trainer.loop._POLL_S", 100.0)  # each take long-polls 100 s
+    url = dataflow_factory(make_config(tmp_path / "dataflow", policies=POLICIES))
+    config = TrainerConfig.model_validate(trainer_config_dict(
+        tmp_path, policy="solver", dataflow_url=url, weights=str(weight_root), max_steps=20,
+        batch={"min_samples": 2, "max_samples": 2, "take_timeout_s": 100.0},
+    ))  # fmt: skip
+    trainer = Trainer(config)
+    stop = threading.Event()
+    ended: list[int] = []
+    trainer.start()
+    runner = threading.Thread(target=lambda: ended.append(trainer.run(stop)), daemon=True)
+    runner.start()
+    with DataflowClient(url) as dataflow:  # no samples come: the trainer long-polls
+        deadline = time.monotonic() + 30
+        while "trainer" not in dataflow.report().trainers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "trainer" in dataflow.report().trainers, "the trainer never took"
+    stop.set()
+    runner.join(timeout=30)  # far less than the 100 s the take would wait
+    closer = threading.Thread(target=trainer.close, daemon=True)
+    closer.start()
+    closer.join(timeout=30)
+    assert not runner.is_alive() and not closer.is_alive(), "the stop waited for the long-poll"
+    assert ended == [0]
+    assert latest_checkpoint(Path(config.checkpoint_dir)) is not None
