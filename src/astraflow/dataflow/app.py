@@ -111,6 +111,13 @@ def _server_timing(started: float, writer: list[tuple[float, float]] | None) -> 
     )
 
 
+async def _hang_up(request: Request, gone: asyncio.Event) -> None:
+    """Set ``gone`` when the client of ``request`` (its body already read) disconnects."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
 def _error(exc: AstraflowError) -> Response:
     response = _json(exc.to_wire(), status_for(exc))
     if isinstance(exc, ServiceBusyError):
@@ -213,7 +220,12 @@ class _Routes:
     async def take(self, request: Request) -> Response:
         """Long-poll for a batch: msgpack, or 204 when the wait timed out."""
         async with self.intake.record(TakeBatchRequest, request) as req:
-            got = await self.runtime.take_batch(req)
+            gone = asyncio.Event()
+            watcher = asyncio.create_task(_hang_up(request, gone))
+            try:
+                got = await self.runtime.take_batch(req, gone)
+            finally:
+                watcher.cancel()
         if got is None:
             return Response(status_code=204)
         batch_id, data, n = got

@@ -132,8 +132,11 @@ class ServiceRuntime:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ev.wait(), remaining)
 
-    async def take_batch(self, req: TakeBatchRequest) -> TakenBatch | None:
-        """Long-poll: a batch as soon as one qualifies, or None after the timeout."""
+    async def take_batch(
+        self, req: TakeBatchRequest, gone: asyncio.Event | None = None
+    ) -> TakenBatch | None:
+        """Long-poll: a batch as soon as one qualifies, or None after the timeout, or as soon
+        as ``gone`` is set (the trainer hung up: a stopping trainer is given no batch)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(req.timeout_s, self.max_take_timeout_s)
         s = self.service
@@ -145,8 +148,11 @@ class ServiceRuntime:
                 remaining = deadline - loop.time()
                 if got is not None or remaining <= 0:
                     return got
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ev.wait(), remaining)
+                if gone is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(ev.wait(), remaining)
+                elif await _first(ev, gone, remaining) is gone:
+                    return None
         finally:
             with contextlib.suppress(RuntimeError):  # the writer is gone when shutting down
                 await self.call(s.wait_ended, req.trainer_id, req.policy, handle)
@@ -162,3 +168,15 @@ class ServiceRuntime:
                 await self.call(self.service.sweep)
             except Exception:  # the sweeper must outlive one bad sweep; it is logged
                 log.exception("sweep failed")
+
+
+async def _first(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> asyncio.Event | None:
+    """Wait until ``a`` or ``b`` is set (``b`` wins a tie) or ``timeout_s``; which one (None:
+    neither)."""
+    waiters = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+    return b if b.is_set() else a if a.is_set() else None

@@ -258,3 +258,19 @@ def test_metrics_match_the_report(dataflow_server: str) -> None:
 def test_unknown_route_is_json_404(dataflow_server: str) -> None:
     r = httpx.post(dataflow_server + "/v1/nope", json={})
     assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+def test_a_trainer_that_hangs_up_mid_long_poll_is_given_no_batch(dataflow_server: str) -> None:
+    # a stopping trainer abandons its long-poll: the service must not lease the next batch to it
+    req = TakeBatchRequest(policy="solver", trainer_id="gone", trainer_version=0,
+                           min_samples=2, timeout_s=30.0)  # fmt: skip
+    with pytest.raises(httpx.ReadTimeout):  # hangs up 0.3 s into its 30 s long-poll
+        httpx.post(f"{dataflow_server}/v1/batches/take", json=req.model_dump(mode="json"),
+                   timeout=httpx.Timeout(30.0, read=0.3))  # fmt: skip
+    time.sleep(0.2)  # the hang-up reaches the service before the samples do
+    with DataflowClient(dataflow_server) as c:
+        (task,) = lease(c, capacity=1)
+        submit(c, task)
+        batch = take(c, timeout_s=10.0, trainer_id="next")
+        assert batch is not None  # not leased to the trainer that hung up
+        assert c.report().trainers["gone"].batches == 0
