@@ -5,7 +5,7 @@
     every tick: notice exits (restart trainers; replace lost nodes) · match each pool to its
     desired size (admin API / autoscaler) · record the report · tick callback (live view)
                                                                   │
-    end: every trainer done, max_time_s, or stop ─► nodes ─► evaluators ─► trainers ─► dataflow
+    end: every trainer done, max_time_s, or stop ─► nodes + trainers ─► evaluators ─► dataflow
 
 :class:`Launcher` holds that loop and no component logic; a subclass only says how one
 component is hosted (:meth:`Launcher._component`): :class:`LocalRun` starts
@@ -313,9 +313,10 @@ class Launcher:
         finally:
             self.shutdown()
         if status is not None:
-            # after shutdown: evaluators score the final version on their way out
+            # after shutdown: evaluators score the final version on their way out (the
+            # dataflow is stopped: its last report stands, no retries against it)
             status = self.status.collect(
-                {name: self.pools.count(name) for name in self.pools.pools}, {}
+                {name: self.pools.count(name) for name in self.pools.pools}, {}, ask=False
             )
             self._write_summary(reason, status)
         self._close_feed()
@@ -369,11 +370,16 @@ class Launcher:
         return bool(trainers) and all(p.exit_code == 0 for p in trainers)
 
     def shutdown(self) -> None:
-        """Stop components in order: nodes, evaluators, trainers, weight server, dataflow."""
+        """Stop components in order: nodes and trainers together, then evaluators (they score
+        the trainers' final version on their way out), relays, weight server, dataflow."""
         self.pools.closing = True
-        self.group.stop(self.group.of_kind("node"), timeout_s=node_stop_timeout(self.config))
+        # nodes hand their leases back while trainers finish their step and checkpoint; both
+        # need only the dataflow and the weights, so neither waits for the other
+        self.group.stop_together([
+            (self.group.of_kind("node"), node_stop_timeout(self.config)),
+            (self.group.of_kind("trainer"), 60),
+        ])  # fmt: skip
         self.group.stop(self.group.of_kind("eval"), timeout_s=60)
-        self.group.stop(self.group.of_kind("trainer"), timeout_s=60)
         self.group.stop(self.group.of_kind("relay"), timeout_s=10)
         self.group.stop(self.group.of_kind("weights"), timeout_s=10)
         self.group.stop(self.group.of_kind("dataflow"), timeout_s=15)

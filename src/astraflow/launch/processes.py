@@ -234,17 +234,25 @@ class ComponentGroup:
 
     def stop(self, procs: Sequence[Component], timeout_s: float) -> None:
         """Stop ``procs`` gracefully, wait up to ``timeout_s``, then kill what still runs."""
-        for p in procs:
-            p.stopping = True
-            p.terminate()
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            code = p.wait(max(0.0, deadline - time.monotonic()))
-            if code is None and p.poll() is None:
-                log.warning("%s did not stop within %.0fs: killing it", p.name, timeout_s)
-                p.kill()
-                code = p.wait(None)
-            p.exit_code = code if code is not None else p.poll()
+        self.stop_together([(procs, timeout_s)])
+
+    def stop_together(self, groups: Sequence[tuple[Sequence[Component], float]]) -> None:
+        """Stop every group's components at once (each asked once), each group with its own
+        time-out from now; kill what is still running past it."""
+        start = time.monotonic()
+        for procs, _ in groups:
+            for p in procs:
+                p.stopping = True
+                p.terminate()
+        for procs, timeout_s in groups:
+            deadline = start + timeout_s
+            for p in procs:
+                code = p.wait(max(0.0, deadline - time.monotonic()))
+                if code is None and p.poll() is None:
+                    log.warning("%s did not stop within %.0fs: killing it", p.name, timeout_s)
+                    p.kill()
+                    code = p.wait(None)
+                p.exit_code = code if code is not None else p.poll()
 
     def kill_all(self) -> None:
         """Kill every component still running (last resort)."""

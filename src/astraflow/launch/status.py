@@ -119,13 +119,17 @@ class StatusCollector:
         self.started = time.monotonic()
         self._last_report: DataflowReport | None = None
 
-    def collect(self, pools: dict[str, int], processes: dict[str, bool]) -> RunStatus:
-        """A fresh snapshot (the report is None while the service does not answer)."""
-        report: DataflowReport | None
-        try:
-            report = self.client.report()
-        except AstraflowError:
-            report = None
+    def collect(
+        self, pools: dict[str, int], processes: dict[str, bool], *, ask: bool = True
+    ) -> RunStatus:
+        """A fresh snapshot (the report is None while the service does not answer; ``ask``
+        False: the service is stopped, the last report it gave stands)."""
+        report: DataflowReport | None = None
+        if ask:
+            try:
+                report = self.client.report()
+            except AstraflowError:
+                report = None
         known = report or self._last_report
         self._last_report = known
         for name, st in self.policies.items():
