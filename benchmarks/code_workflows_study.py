@@ -182,10 +182,11 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 
 def solver_init(seed: int, scratch: Path, args: argparse.Namespace) -> Path:
     """The solver's SFT warm-up for ``seed`` (the recipes share it), done once per seed."""
-    out = scratch / f"init-solver-s{seed}"
-    if (out / "config.json").is_file():
-        return out
     solver = arm_config("solver", seed, scratch / "warmup", args).policies["solver"]
+    assert solver.warmup is not None, "the solver recipe has no warm-up"
+    out = scratch / f"init-solver-s{seed}-w{solver.warmup.steps}"
+    if (out / "config.json").is_file():  # this seed's warm-up, done by an earlier invocation
+        return out
     started = time.monotonic()
     sft_init(solver.model, solver.warmup, seed, out)
     print(f"seed {seed}: solver warm-up {time.monotonic() - started:.0f} s", flush=True)
