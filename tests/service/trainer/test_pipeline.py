@@ -110,15 +110,20 @@ def test_kill_9_with_batches_taken_but_not_acked_trains_each_once(
         assert dataflow.report().policies["solver"].served_samples == 0
 
 
+def _solver_trainer(tmp_path: Path, url: str, weight_root: Path, take_timeout_s: float) -> Trainer:
+    """A solver trainer of 20 steps taking batches of 2 samples from the dataflow at ``url``."""
+    config = TrainerConfig.model_validate(trainer_config_dict(
+        tmp_path, policy="solver", dataflow_url=url, weights=str(weight_root), max_steps=20,
+        batch={"min_samples": 2, "max_samples": 2, "take_timeout_s": take_timeout_s},
+    ))  # fmt: skip
+    return Trainer(config)
+
+
 def test_background_publish_failure_stops_the_trainer_with_a_clear_error(
     tmp_path: Path, dataflow_factory: Callable[..., str], weight_root: Path, tiny_tokenizer: Any
 ) -> None:
     url = dataflow_factory(make_config(tmp_path / "dataflow", policies=POLICIES))
-    config = TrainerConfig.model_validate(trainer_config_dict(
-        tmp_path, policy="solver", dataflow_url=url, weights=str(weight_root), max_steps=20,
-        batch={"min_samples": 2, "max_samples": 2, "take_timeout_s": 1.0},
-    ))  # fmt: skip
-    trainer = Trainer(config)
+    trainer = _solver_trainer(tmp_path, url, weight_root, take_timeout_s=1.0)
     producer = ScriptedProducer(url, tiny_tokenizer).start()
     try:
         trainer.start()  # version 0 is published
@@ -167,11 +172,7 @@ def test_a_stop_does_not_wait_out_the_long_poll_in_flight(
 ) -> None:
     monkeypatch.setattr("astraflow.trainer.loop._POLL_S", 100.0)  # each take long-polls 100 s
     url = dataflow_factory(make_config(tmp_path / "dataflow", policies=POLICIES))
-    config = TrainerConfig.model_validate(trainer_config_dict(
-        tmp_path, policy="solver", dataflow_url=url, weights=str(weight_root), max_steps=20,
-        batch={"min_samples": 2, "max_samples": 2, "take_timeout_s": 100.0},
-    ))  # fmt: skip
-    trainer = Trainer(config)
+    trainer = _solver_trainer(tmp_path, url, weight_root, take_timeout_s=100.0)
     stop = threading.Event()
     ended: list[int] = []
     trainer.start()
@@ -189,4 +190,4 @@ def test_a_stop_does_not_wait_out_the_long_poll_in_flight(
     closer.join(timeout=30)
     assert not runner.is_alive() and not closer.is_alive(), "the stop waited for the long-poll"
     assert ended == [0]
-    assert latest_checkpoint(Path(config.checkpoint_dir)) is not None
+    assert latest_checkpoint(Path(trainer.config.checkpoint_dir)) is not None
