@@ -56,6 +56,7 @@ from astraflow.records import (
     AckRequest,
     DataflowReport,
     FailRequest,
+    HandBackRequest,
     LeaseRequest,
     MetricPoints,
     PolicyVersion,
@@ -237,6 +238,11 @@ class _Routes:
         await self.call(AckRequest, self.service.ack)(request)
         return {}
 
+    async def hand_back(self, request: Request) -> Any:
+        """A stopping trainer gives back the batches it will not train."""
+        async with self.intake.record(HandBackRequest, request) as req:
+            return await self.runtime.hand_back(req)
+
     async def health(self, request: Request) -> Any:
         """Liveness."""
         return await self.runtime.call(self.service.health)
@@ -277,6 +283,7 @@ class _Routes:
             "submit": call(SubmitRequest, s.submit), "fail": call(FailRequest, s.fail),
             "submit_many": call(SubmitManyRequest, s.submit_many),
             "release": call(ReleaseRequest, s.release), "take": self.take, "ack": self.ack,
+            "hand_back": self.hand_back,
             "announce": call(PolicyVersion, s.announce), "versions": self.versions,
             "report": self.report, "pool_sizes": self.pool_sizes,
             "set_pool_size": call(PoolSizeRequest, s.set_pool_size), "metrics": self.metrics,

@@ -421,6 +421,15 @@ class Buffers:
             policies.add(b.policy)
         return policies
 
+    def give_back(self, batch_id: str) -> bool:
+        """A batch its trainer never received (it hung up as the batch was taken) goes back
+        to the buffer now; False when it is no longer open (acked, expired, released)."""
+        b = self.batches.get(batch_id)
+        if b is None:
+            return False
+        self._rebuffer(b, "given back (its trainer hung up)")
+        return True
+
     def release(self, policy: str, trainer_id: str, holding: Sequence[str] = ()) -> int:
         """The trainer takes again: it no longer holds its open batches of ``policy`` but
         those in ``holding`` (it restarted, or lost a reply), so they go back to the buffer

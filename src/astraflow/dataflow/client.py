@@ -34,6 +34,8 @@ from astraflow.records import (
     DataflowReport,
     FailReply,
     FailRequest,
+    HandBackReply,
+    HandBackRequest,
     LeaseReply,
     LeaseRequest,
     MetricPoint,
@@ -172,6 +174,7 @@ FAIL = Endpoint("POST", "/v1/fail", _reply(FailReply))
 RELEASE = Endpoint("POST", "/v1/release", _reply(ReleaseReply))
 TAKE = Endpoint("POST", "/v1/batches/take", _batch)
 ACK = Endpoint("POST", "/v1/batches/ack", _none)
+HAND_BACK = Endpoint("POST", "/v1/batches/release", _reply(HandBackReply))
 ANNOUNCE = Endpoint("POST", "/v1/versions", _reply(AnnounceReply))
 VERSIONS = Endpoint("GET", "/v1/versions", _versions)
 REPORT = Endpoint("GET", "/v1/report", _reply(DataflowReport))
@@ -299,6 +302,10 @@ class DataflowClient(_Base):
         """A batch, or None when the long-poll timed out with nothing to train on."""
         return self._call(TAKE(req, timeout_s=self.timeout_s + req.timeout_s))
 
+    def hand_back(self, req: HandBackRequest) -> HandBackReply:
+        """Give back the batches a stopping trainer will not train."""
+        return self._call(HAND_BACK(req))
+
     def ack(self, req: AckRequest) -> None:
         """The step on this batch is committed."""
         self._call(ACK(req))
@@ -401,6 +408,10 @@ class AsyncDataflowClient(_Base):
     async def take_batch(self, req: TakeBatchRequest) -> Batch | None:
         """A batch, or None when the long-poll timed out with nothing to train on."""
         return await self._call(TAKE(req, timeout_s=self.timeout_s + req.timeout_s))
+
+    async def hand_back(self, req: HandBackRequest) -> HandBackReply:
+        """Give back the batches a stopping trainer will not train."""
+        return await self._call(HAND_BACK(req))
 
     async def ack(self, req: AckRequest) -> None:
         """The step on this batch is committed."""

@@ -25,6 +25,8 @@ from astraflow.records import (
     DataflowReport,
     FailReply,
     FailRequest,
+    HandBackReply,
+    HandBackRequest,
     LeaseReply,
     LeaseRequest,
     MetricPoints,
@@ -83,6 +85,9 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
     Endpoint("take", "POST", "/v1/batches/take", "trainer", TakeBatchRequest, Batch,
              "Long-poll for a batch (msgpack; 204 when the wait timed out)", msgpack_reply=True),
     Endpoint("ack", "POST", "/v1/batches/ack", "trainer", AckRequest, "object", "Ack a batch"),
+    Endpoint("hand_back", "POST", "/v1/batches/release", "trainer", HandBackRequest,
+             HandBackReply, "Give back the batches a stopping trainer took and will not "
+             "train (buffered again at once; its waiting takes end)"),
     Endpoint("announce", "POST", "/v1/versions", "trainer", PolicyVersion, AnnounceReply,
              "Announce a published policy version"),
     Endpoint("versions", "GET", "/v1/versions", None, None, "versions", "Latest versions"),

@@ -26,7 +26,13 @@ from typing import TypeVar
 from astraflow.dataflow.regulation import BUDGET
 from astraflow.dataflow.rounds import BLOCKED
 from astraflow.dataflow.service import DataflowService, TakenBatch
-from astraflow.records import LeaseReply, LeaseRequest, TakeBatchRequest
+from astraflow.records import (
+    HandBackReply,
+    HandBackRequest,
+    LeaseReply,
+    LeaseRequest,
+    TakeBatchRequest,
+)
 
 __all__ = ["WRITER_TIMES", "ServiceRuntime"]
 
@@ -49,6 +55,8 @@ class ServiceRuntime:
         self.sweep_interval_s = min(0.5, service.config.lease.ttl_s / 4)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dataflow-writer")
         self._events: dict[str, asyncio.Event] = {}
+        self._takers: dict[tuple[str, str], set[asyncio.Event]] = {}
+        """The hang-up events of the takes waiting, per (policy, trainer)."""
         self._round = asyncio.Event()
         self.lease_hold_s = service.config.regulation.sync_lease_hold_s
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -140,22 +148,37 @@ class ServiceRuntime:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(req.timeout_s, self.max_take_timeout_s)
         s = self.service
+        gone = gone if gone is not None else asyncio.Event()
+        key = (req.policy, req.trainer_id)
+        self._takers.setdefault(key, set()).add(gone)
         handle = await self.call(s.wait_started, req.trainer_id, req.policy, req.trainer_version)
         try:
             while True:
                 ev = self._event(req.policy)  # taken before trying: no wake-up is lost
                 got = await self.call(s.take_batch, req)
+                if got is not None and gone.is_set():  # taken as the trainer hung up
+                    await self.call(s.give_back, got[0])
+                    return None
                 remaining = deadline - loop.time()
                 if got is not None or remaining <= 0:
                     return got
-                if gone is None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(ev.wait(), remaining)
-                elif await _first(ev, gone, remaining) is gone:
+                if await _first(ev, gone, remaining) is gone:
                     return None
         finally:
+            takers = self._takers.get(key)
+            if takers is not None:
+                takers.discard(gone)
+                if not takers:
+                    del self._takers[key]
             with contextlib.suppress(RuntimeError):  # the writer is gone when shutting down
                 await self.call(s.wait_ended, req.trainer_id, req.policy, handle)
+
+    async def hand_back(self, req: HandBackRequest) -> HandBackReply:
+        """End the trainer's waiting takes (they give no batch), then buffer its open
+        batches again but those it still holds."""
+        for gone in self._takers.get((req.policy, req.trainer_id), ()):
+            gone.set()
+        return await self.call(self.service.hand_back, req)
 
     async def _sweep_loop(self) -> None:
         assert self._stop is not None

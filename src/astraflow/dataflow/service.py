@@ -41,6 +41,8 @@ from astraflow.records import (
     DataflowReport,
     FailReply,
     FailRequest,
+    HandBackReply,
+    HandBackRequest,
     LeaseReply,
     LeaseRequest,
     PolicyVersion,
@@ -345,6 +347,22 @@ class DataflowService:
         with self._lock:
             self.telemetry.served(req.trainer_id, req.policy, n, req.trainer_version)
         return row.batch_id, data, n
+
+    def hand_back(self, req: HandBackRequest) -> HandBackReply:
+        """A stopping trainer's open batches of the policy, but those it names as held, go
+        back to the buffer now (not at their ack deadline)."""
+        self._policy(req.policy)
+        with self._change():
+            n = self.buffers.release(req.policy, req.trainer_id, req.holding)
+        if n:
+            log.info("trainer handed back batches policy=%s trainer=%s batches=%d",
+                     req.policy, req.trainer_id, n)  # fmt: skip
+        return HandBackReply(batches=n)
+
+    def give_back(self, batch_id: str) -> None:
+        """A batch taken for a trainer that hung up before it was sent goes back at once."""
+        with self._change():
+            self.buffers.give_back(batch_id)
 
     def ack(self, req: AckRequest) -> None:
         """The trainer committed its step on the batch: never serve its groups again."""

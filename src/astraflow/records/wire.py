@@ -510,6 +510,22 @@ class TakeBatchRequest(Record):
     _check_sizes = ordered_fields("min_samples", "max_samples")
 
 
+class HandBackRequest(Record):
+    """A stopping trainer gives back the batches it took and will not train: their groups are
+    buffered again at once (not at their ack deadline), and its takes still waiting end."""
+
+    policy: Name
+    trainer_id: Name = "trainer"
+    holding: list[Id] = Field(default_factory=list, max_length=8)
+    """Batches it still holds (an ack in flight): kept open."""
+
+
+class HandBackReply(Record):
+    """How many open batches went back to the buffer."""
+
+    batches: int = Field(ge=0)
+
+
 class Batch(Record):
     """Samples of one policy, whole groups, served for ``trainer_version``; ack when done."""
 

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from astraflow.errors import ServiceUnavailableError
-from astraflow.records import AckRequest, AnnounceReply, Batch, PolicyVersion, TakeBatchRequest
+from astraflow.records import (
+    AckRequest,
+    AnnounceReply,
+    Batch,
+    HandBackReply,
+    HandBackRequest,
+    PolicyVersion,
+    TakeBatchRequest,
+)
 from astraflow.trainer.config import TrainerConfig
 
 __all__ = ["BatchSource", "WeightSink", "connect", "publish_assets", "retrying"]
@@ -37,6 +45,10 @@ class BatchSource(Protocol):
 
     def ack(self, request: AckRequest) -> None:
         """The step on this batch is committed: never serve it again."""
+        ...
+
+    def hand_back(self, request: HandBackRequest) -> HandBackReply:
+        """A stopping trainer gives back the batches it will not train."""
         ...
 
     def announce(self, version: PolicyVersion) -> AnnounceReply:

@@ -31,8 +31,16 @@ from pathlib import Path
 from typing import Final
 
 from astraflow.config import dump_config
-from astraflow.errors import ConflictError, NotFoundError, ValidationError
-from astraflow.records import AckRequest, Batch, PolicyVersion, TakeBatchRequest, pack, unpack
+from astraflow.errors import AstraflowError, ConflictError, NotFoundError, ValidationError
+from astraflow.records import (
+    AckRequest,
+    Batch,
+    HandBackRequest,
+    PolicyVersion,
+    TakeBatchRequest,
+    pack,
+    unpack,
+)
 from astraflow.trainer.backends.base import TrainBackend, build_backend
 from astraflow.trainer.config import TrainerConfig
 from astraflow.trainer.io import BatchSource, WeightSink, connect, publish_assets, retrying
@@ -168,6 +176,8 @@ class Trainer:
             self._record(stats, publish_s, previous)
         if self.backend.rank == 0:
             self._publisher.wait()  # the last version is written, announced, its batch acked
+            if self._prefetch.abandoned:
+                self._hand_back()
         if self._unsaved:
             rt.save()
             self._unsaved = False
@@ -236,6 +246,21 @@ class Trainer:
             self._prefetch.taken(batch.batch_id)
             self._check(batch)
         return batch
+
+    def _hand_back(self) -> None:
+        """A stop left a take waiting: end it and give back what it may have brought (every
+        trained batch is acked by now), so its groups are served again at once, not at their
+        ack deadline."""
+        assert self.dataflow is not None
+        request = HandBackRequest(policy=self.config.policy, trainer_id=self.config.trainer_id)
+        try:
+            n = self.dataflow.hand_back(request).batches
+        except AstraflowError as exc:
+            log.warning("could not hand back the prefetched batch (it is served again at its "
+                        "ack deadline): %s", exc)  # fmt: skip
+            return
+        if n:
+            log.info("handed back %d untrained batch(es) policy=%s", n, self.config.policy)
 
     def _check(self, batch: Batch) -> None:
         if batch.policy != self.config.policy:

@@ -60,6 +60,8 @@ class Prefetcher:
         self._future: Future[Batch | None] | None = None
         self._lock = threading.Lock()
         self._unacked: list[str] = []
+        self.abandoned = False
+        """A stop left a take waiting: whatever it brings must be handed back."""
 
     @property
     def in_flight(self) -> bool:
@@ -111,6 +113,7 @@ class Prefetcher:
             return None
         while stop is not None and not future.done():
             if stop.is_set():
+                self.abandoned = True
                 return None
             wait([future], timeout=_STOP_CHECK_S)
         return future.result()

@@ -18,6 +18,7 @@ from astraflow.errors import LeaseForbiddenError, NotFoundError, ServiceUnavaila
 from astraflow.raas.submits import SubmitCoalescer
 from astraflow.records import (
     AckRequest,
+    HandBackRequest,
     LeaseRequest,
     PolicyVersion,
     RenewRequest,
@@ -274,3 +275,41 @@ def test_a_trainer_that_hangs_up_mid_long_poll_is_given_no_batch(dataflow_server
         batch = take(c, timeout_s=10.0, trainer_id="next")
         assert batch is not None  # not leased to the trainer that hung up
         assert c.report().trainers["gone"].batches == 0
+
+
+def test_a_stopping_trainer_hands_back_its_untrained_batches(dataflow_server: str) -> None:
+    with DataflowClient(dataflow_server) as c:
+        for task in lease(c, capacity=2):
+            submit(c, task)
+        kept = take(c, timeout_s=5.0, max_samples=2)
+        given = take(c, timeout_s=5.0, max_samples=2, holding=[kept.batch_id])
+        assert kept is not None and given is not None
+        policy = c.report().policies["solver"]
+        assert (policy.served_samples, policy.buffered_samples) == (4, 0)
+        with pytest.raises(NotFoundError, match="unknown policy"):
+            c.hand_back(HandBackRequest(policy="nope"))
+        assert c.report().policies["solver"].served_samples == 4  # a refusal changes nothing
+        reply = c.hand_back(HandBackRequest(policy="solver", holding=[kept.batch_id]))
+        assert reply.batches == 1
+        policy = c.report().policies["solver"]
+        assert (policy.served_samples, policy.buffered_samples) == (2, 2)
+        again = take(c, timeout_s=5.0, trainer_id="next", max_samples=2)
+        assert again is not None  # the handed-back groups are served at once
+        assert {s.group_id for s in again.samples} == {s.group_id for s in given.samples}
+        c.ack(AckRequest(batch_id=kept.batch_id))  # what it held is still its own to ack
+
+
+def test_a_hand_back_ends_the_trainers_waiting_take(dataflow_server: str) -> None:
+    got: list[Any] = []
+    with DataflowClient(dataflow_server) as c:
+        waiter = threading.Thread(target=lambda: got.append(take(c, timeout_s=30.0)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while "trainer" not in c.report().trainers and time.monotonic() < deadline:
+            time.sleep(0.02)
+        c.hand_back(HandBackRequest(policy="solver"))
+        waiter.join(timeout=10)  # far less than its 30 s long-poll
+        assert not waiter.is_alive() and got == [None]
+        for task in lease(c, capacity=1):
+            submit(c, task)
+        assert c.report().policies["solver"].buffered_samples == 2  # not served to the waiter

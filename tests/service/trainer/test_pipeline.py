@@ -168,6 +168,7 @@ def test_a_stop_does_not_wait_out_the_long_poll_in_flight(
     tmp_path: Path,
     dataflow_factory: Callable[..., str],
     weight_root: Path,
+    tiny_tokenizer: Any,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("astraflow.trainer.loop._POLL_S", 100.0)  # each take long-polls 100 s
@@ -191,3 +192,14 @@ def test_a_stop_does_not_wait_out_the_long_poll_in_flight(
     assert not runner.is_alive() and not closer.is_alive(), "the stop waited for the long-poll"
     assert ended == [0]
     assert latest_checkpoint(Path(trainer.config.checkpoint_dir)) is not None
+    # the abandoned take was ended at the service too: samples that come now go to another
+    # trainer, none is served to the stopped one (its process, and connection, live on)
+    producer = ScriptedProducer(url, tiny_tokenizer).start()
+    try:
+        with DataflowClient(url) as dataflow:
+            request = TakeBatchRequest(policy="solver", trainer_id="next", trainer_version=0,
+                                       min_samples=2, max_samples=2, timeout_s=10.0)  # fmt: skip
+            assert dataflow.take_batch(request) is not None
+            assert dataflow.report().trainers["trainer"].batches == 0
+    finally:
+        producer.stop()
