@@ -62,7 +62,8 @@ async def test_seeded_requests_repeat_exactly_alone_or_batched(tmp_path: Path) -
 
 
 async def test_concurrent_calls_are_decoded_as_one_batch(tmp_path: Path) -> None:
-    engine = tiny_engine(tmp_path, batch_wait_ms=50.0, max_batch_size=16)
+    # continuous batching off: requests left over from a full batch would join it instead
+    engine = tiny_engine(tmp_path, batch_wait_ms=50.0, max_batch_size=16, continuous=False)
     sizes: list[int] = []
     original = engine._run_batch
 

@@ -88,6 +88,9 @@ class BatchingEngine(abc.ABC):
         self._batches = 0
         self._batched = 0
         self._busy_s = 0.0
+        self._backlog: list[_Job] = []
+        """Jobs taken off the queue that run before it (met while collecting or joining)."""
+        self._joins_closed = False
         self._thread = threading.Thread(target=self._loop, name=f"engine-{name}", daemon=True)
         self._thread.start()
 
@@ -159,8 +162,26 @@ class BatchingEngine(abc.ABC):
     def _shutdown(self) -> None:  # noqa: B027  # optional hook, empty by default
         """Release resources after the thread stopped (override when needed)."""
 
+    def _more(self, room: int) -> list[Pending]:
+        """Engine thread, inside a batch: up to ``room`` requests queued since it started, to
+        join it (continuous batching). None once a control or stop job is met: it waits in
+        the backlog and runs after the batch, before every request queued behind it."""
+        got: list[Pending] = []
+        while len(got) < room and not self._joins_closed:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if not isinstance(job, Pending):
+                self._backlog.append(job)
+                self._joins_closed = True
+            elif job.future.set_running_or_notify_cancel():  # else its caller gave up
+                got.append(job)
+        self._batched += len(got)
+        return got
+
     def _loop(self) -> None:
-        backlog: list[_Job] = []
+        backlog = self._backlog
         while True:
             job = backlog.pop(0) if backlog else self._jobs.get()
             if isinstance(job, _Stop):
@@ -176,6 +197,7 @@ class BatchingEngine(abc.ABC):
             if batch:
                 self._batches += 1
                 self._batched += len(batch)
+                self._joins_closed = bool(backlog)  # what waits there goes first
                 started = time.perf_counter()
                 self._run_safely(batch)
                 self._busy_s += time.perf_counter() - started

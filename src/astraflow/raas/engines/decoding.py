@@ -31,6 +31,34 @@ __all__ = ["BatchDecoder", "DecodedRow", "sample_next"]
 
 #: Compact the batch when at least this fraction of its rows has finished.
 _COMPACT_FRACTION = 0.25
+#: Ask for requests that may join the running batch every this many decode steps (each join
+#: costs a prefill and a copy of the cache).
+_JOIN_EVERY = 2
+
+
+def _appendable(cache: Any) -> bool:
+    """Rows can join ``cache`` (every layer a plain growing key/value cache; a sliding-window
+    or linear-attention layer is not padded safely, so such models never join)."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers: list[Any] = list(getattr(cache, "layers", None) or ())
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _pad_left(x: torch.Tensor, length: int) -> torch.Tensor:
+    """``x`` left-padded with zeros along its sequence axis (dim 1 of a mask, -2 of keys)."""
+    dim = 1 if x.dim() == 2 else -2
+    missing = length - x.shape[dim]
+    if missing <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def _notify(on_done: Callable[[DecodedRow], None] | None, row: DecodedRow) -> None:
+    if on_done is not None:
+        on_done(row)
 
 
 @dataclass
@@ -121,29 +149,44 @@ class BatchDecoder:
         self.shared = torch.Generator(device=device).manual_seed(seed)
 
     @torch.inference_mode()
-    def run(self, rows: Sequence[DecodedRow], abort: Callable[[], bool] | None = None) -> None:
+    def run(
+        self,
+        rows: Sequence[DecodedRow],
+        abort: Callable[[], bool] | None = None,
+        *,
+        join: Callable[[int], list[DecodedRow]] | None = None,
+        on_done: Callable[[DecodedRow], None] | None = None,
+    ) -> None:
         """Decode every row to completion (fills ``token_ids``, ``logprobs``, ``finish_reason``).
 
         ``abort`` is asked before every step: once it says yes (the engine is closing), the
         unfinished rows end there with finish reason ``abort`` instead of running on for up to
         ``max_new_tokens`` more steps.
+
+        Continuous batching: ``join`` is asked every few steps, with the number of rows still
+        decoding, for requests that arrived since the batch started; they are prefilled on
+        their own and join the running batch (both caches left-padded to one length, so every
+        row keeps its own positions and mask). ``on_done`` is called with each row as soon as
+        it finishes, so its caller need not wait for the longest row of the batch.
         """
         from transformers import DynamicCache
 
         live = list(rows)
-        for row in live:
-            if row.request.seed is not None:
-                row.generator = torch.Generator(device=self.device).manual_seed(row.request.seed)
+        self._seed(live)
         ids, mask = self._left_pad([r.request.prompt_ids for r in live])
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
         out = self._forward(ids, mask, positions, cache, logits_to_keep=1)
         next_pos = positions[:, -1:] + 1
         params = self._params(live)
+        joinable = join is not None and _appendable(cache)
+        steps = 0
         while live:
             if abort is not None and abort():
                 for row in live:
-                    row.finish_reason = row.finish_reason or "abort"
+                    if row.finish_reason is None:
+                        row.finish_reason = "abort"
+                        _notify(on_done, row)
                 return
             tokens, logprobs = sample_next(
                 out.logits[:, -1, :].float(),
@@ -152,7 +195,7 @@ class BatchDecoder:
                 self.shared,
                 self._banned(live, out.logits.shape[-1]),
             )
-            done = self._record(live, tokens.tolist(), logprobs.tolist())
+            done = self._record(live, tokens.tolist(), logprobs.tolist(), on_done)
             if len(done) == len(live):
                 return
             step = tokens[:, None]
@@ -163,9 +206,68 @@ class BatchDecoder:
                 mask, next_pos, step = mask[index], next_pos[index], step[index]
                 live = [live[i] for i in keep]
                 params = self._params(live)
+            steps += 1
+            if joinable and steps % _JOIN_EVERY == 0:
+                assert join is not None
+                new = join(sum(r.finish_reason is None for r in live))
+                if new:
+                    mask, next_pos, step = self._join(new, cache, mask, next_pos, step, on_done)
+                    live += [r for r in new if r.finish_reason is None]
+                    params = self._params(live)
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
             out = self._forward(step, mask, next_pos, cache)
             next_pos = next_pos + 1
+
+    def _seed(self, rows: Sequence[DecodedRow]) -> None:
+        for row in rows:
+            if row.request.seed is not None:
+                row.generator = torch.Generator(device=self.device).manual_seed(row.request.seed)
+
+    def _join(
+        self,
+        new: list[DecodedRow],
+        cache: Any,
+        mask: torch.Tensor,
+        next_pos: torch.Tensor,
+        step: torch.Tensor,
+        on_done: Callable[[DecodedRow], None] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prefill ``new`` on its own cache, draw each row's first token, and append the rows
+        that go on to the running batch: its cache, mask, positions and next input."""
+        from transformers import DynamicCache
+
+        self._seed(new)
+        ids, new_mask = self._left_pad([r.request.prompt_ids for r in new])
+        positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
+        sub = DynamicCache(config=self.model.config)
+        out = self._forward(ids, new_mask, positions, sub, logits_to_keep=1)
+        tokens, logprobs = sample_next(
+            out.logits[:, -1, :].float(),
+            *self._params(new),
+            [r.generator for r in new],
+            self.shared,
+            self._banned(new, out.logits.shape[-1]),
+        )
+        done = self._record(new, tokens.tolist(), logprobs.tolist(), on_done)
+        keep = [i for i in range(len(new)) if i not in done]
+        if not keep:
+            return mask, next_pos, step
+        index = torch.tensor(keep, device=self.device)
+        if len(keep) < len(new):
+            sub.batch_select_indices(index)
+        new_mask, positions, tokens = new_mask[index], positions[index], tokens[index]
+        length = max(mask.shape[1], new_mask.shape[1])
+        for layer, extra in zip(cache.layers, sub.layers, strict=True):
+            layer.keys = torch.cat([_pad_left(layer.keys, length), _pad_left(extra.keys, length)])
+            layer.values = torch.cat(
+                [_pad_left(layer.values, length), _pad_left(extra.values, length)]
+            )
+        mask = torch.cat([_pad_left(mask, length), _pad_left(new_mask, length)])
+        return (
+            mask,
+            torch.cat([next_pos, positions[:, -1:] + 1]),
+            torch.cat([step, tokens[:, None]]),
+        )
 
     def _forward(
         self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, **kw: Any
@@ -206,8 +308,15 @@ class BatchDecoder:
         banned[rows[:, None], eos[None, :]] = True
         return banned
 
-    def _record(self, live: Sequence[DecodedRow], tokens: list[int], lps: list[float]) -> set[int]:
-        """Append each live row's token; return the indices of rows that are now finished."""
+    def _record(
+        self,
+        live: Sequence[DecodedRow],
+        tokens: list[int],
+        lps: list[float],
+        on_done: Callable[[DecodedRow], None] | None = None,
+    ) -> set[int]:
+        """Append each live row's token; return the indices of rows that are now finished
+        (``on_done`` is called with each row that finished at this token)."""
         done: set[int] = set()
         for i, row in enumerate(live):
             if row.finish_reason is not None:
@@ -222,6 +331,7 @@ class BatchDecoder:
                 row.finish_reason = "length"
             if row.finish_reason is not None:
                 done.add(i)
+                _notify(on_done, row)
         return done
 
     def _hit_stop(self, row: DecodedRow) -> bool:

@@ -74,6 +74,9 @@ class TransformersEngine(BatchingEngine):
         callers whose requests trickle in, e.g. agents through the OpenAI endpoint)."""
         batch_max_wait_ms: float = Field(default=1000.0, ge=0.0)
         """Longest a batch waits for stragglers when ``batch_gap_ms`` stretches the wait."""
+        continuous: bool = True
+        """Continuous batching: requests that arrive while a batch decodes join it (up to
+        ``max_batch_size``), and each request is answered as soon as its row finishes."""
         threads: int | None = Field(default=None, ge=1)
         """torch intra-op threads for this process (default: torch's choice)."""
 
@@ -230,18 +233,39 @@ class TransformersEngine(BatchingEngine):
         admitted = self._admit(batch, vocab, context_len)
         if not admitted:
             return
-        rows = [DecodedRow(job.request, budget) for job, budget in admitted]
-        jobs = [job for job, _ in admitted]
         version = self._version
-        self._decoder.run(rows, abort=self._closed.is_set)
-        done = time.monotonic()
-        for job, row in zip(jobs, rows, strict=True):
+        owner: dict[int, Pending] = {}
+
+        def finished(row: DecodedRow) -> None:  # resolved at once, not at the batch's end
+            job = owner.pop(id(row))
             job.future.set_result(
                 EngineOutput(
                     token_ids=np.asarray(row.token_ids, dtype=np.int32),
                     logprobs=np.asarray(row.logprobs, dtype=np.float32),
                     finish_reason=row.finish_reason or "length",
                     version=version,
-                    latency_s=done - job.arrived,
+                    latency_s=time.monotonic() - job.arrived,
                 )
             )
+
+        def rows_of(jobs: list[tuple[Pending, int]]) -> list[DecodedRow]:
+            rows = []
+            for job, budget in jobs:
+                row = DecodedRow(job.request, budget)
+                owner[id(row)] = job
+                rows.append(row)
+            return rows
+
+        def join(decoding: int) -> list[DecodedRow]:
+            jobs = self._more(self._max_batch - decoding)
+            batch.extend(jobs)  # a failure of the batch fails them too
+            rows = rows_of(self._admit(jobs, vocab, context_len))
+            every.extend(rows)
+            return rows
+
+        every = rows_of(admitted)
+        joined = join if self.config.continuous else None
+        self._decoder.run(list(every), abort=self._closed.is_set, join=joined, on_done=finished)
+        for row in every:  # every row was answered as it finished; this only guards that
+            if id(row) in owner:
+                finished(row)
