@@ -17,6 +17,7 @@ Methods are thread-safe (one lock); the HTTP layer runs them on one writer threa
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -71,6 +72,12 @@ TakenBatch = tuple[str, bytes, int]
 """(batch_id, msgpack of ``records.Batch``, number of samples)."""
 
 
+#: Meta key of the node incarnations (``DataflowService.incarnations``), and how many nodes it
+#: remembers (the least recently restarted are forgotten first).
+_INCARNATIONS = "node_incarnations"
+_MAX_INCARNATIONS = 4096
+
+
 class DataflowService:
     """Task queue, buffers, versions and report of one run directory."""
 
@@ -103,6 +110,8 @@ class DataflowService:
         self.store = Store(config.db_path)
         self.telemetry = Telemetry(config.report, clock)
         self._last_sweep = 0.0
+        self._heard: dict[str, float] = {}
+        """When each node's current incarnation was last heard from (in memory only)."""
         try:
             self._load()
         except BaseException:
@@ -124,6 +133,8 @@ class DataflowService:
         self._ahead: dict[int, tuple[int, float]] = {}  # prefetch wait -> (version, began)
         self._ahead_next = 0
         self.pools = PoolSizing(self.store)
+        self.incarnations: dict[str, str] = dict(self.store.get_meta(_INCARNATIONS) or {})
+        """The process each node's open leases were granted to (``LeaseRequest.incarnation``)."""
         self.regulator: Regulator = make_regulator(
             self.config, self.store, self.queue, self.buffers, self.latest
         )
@@ -199,6 +210,8 @@ class DataflowService:
         """Grant up to ``req.capacity`` tasks the node can run (maybe none, with the reason)."""
         self.sweep()
         with self._lock:
+            if req.incarnation is not None:
+                self._incarnation(req.node_id, req.incarnation)
             self.telemetry.node(req.node_id, req.pool, req.stats)
             sources = [s for s in self.config.sources if s.workflow in req.workflows]
             plan = self.regulator.plan(sources, req.versions, self.latest)
@@ -233,6 +246,35 @@ class DataflowService:
             },
         )
 
+    def _incarnation(self, node_id: str, incarnation: str) -> None:
+        """A lease from ``incarnation`` of ``node_id``. From a new process, while the one the
+        node's leases were granted to has been quiet for half a lease TTL (or not heard from
+        since this service started: a resumed run), those leases are orphans (it crashed;
+        nobody will renew or submit them) and are re-queued now instead of at their deadline.
+        A process heard from lately keeps its leases: a node id is public, so another client
+        presenting a new incarnation under it must not take a live node's work away."""
+        now = self.clock()
+        if self.incarnations.get(node_id) == incarnation:
+            self._heard[node_id] = now
+            return
+        if now - self._heard.get(node_id, -math.inf) < self.config.lease.ttl_s / 2:
+            return  # the current process is alive (or this is not the node it claims to be)
+        known = dict(self.incarnations)
+        known.pop(node_id, None)
+        known[node_id] = incarnation  # the most recent last: the oldest go first past the cap
+        while len(known) > _MAX_INCARNATIONS:
+            known.pop(next(iter(known)))
+        with self._change():
+            requeued = self.queue.requeue_node(node_id, now)
+            self.store.set_meta(_INCARNATIONS, known)
+        self.incarnations = known
+        self._heard[node_id] = now
+        if len(self._heard) > 2 * _MAX_INCARNATIONS:
+            self._heard = {n: t for n, t in self._heard.items() if n in known}
+        if requeued:
+            log.warning("node %s came back as a new process: the %d leases of the previous one "
+                        "are re-queued now, not at their deadline", node_id, requeued)  # fmt: skip
+
     def _retry_after(self, reason: str) -> float:
         """A lease waiting for the next version (held open until it comes) is asked again at
         once; others after ``lease.retry_after_s``."""
@@ -245,6 +287,8 @@ class DataflowService:
         with self._change():
             self.telemetry.node(req.node_id, req.pool, req.stats)
             lost = self.queue.renew(req.node_id, req.leases, self.clock())
+        if len(lost) < len(req.leases):  # it holds some of them: the holder is alive
+            self._heard[req.node_id] = self.clock()
         return RenewReply(
             lease_ttl_s=self.config.lease.ttl_s, lost=lost, versions=dict(self.latest)
         )

@@ -342,6 +342,13 @@ class TaskQueue:
                 n += 1
         return n
 
+    def requeue_node(self, node_id: str, now: float) -> int:
+        """Re-queue every lease ``node_id`` holds (its process is gone); returns how many."""
+        held = sorted(self.by_node.get(node_id, ()))
+        for task_id in held:
+            self.requeue(self.open[task_id], now)
+        return len(held)
+
     def counts(self) -> dict[str, int]:
         """Tasks per state."""
         return {

@@ -27,6 +27,7 @@ import logging
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,9 @@ class RolloutNode:
                  weights: WeightFeed | None = None) -> None:  # fmt: skip
         self._dataflow, self._weights = dataflow, weights
         self.config = config
+        self.incarnation = uuid.uuid4().hex
+        """This process's incarnation (``LeaseRequest.incarnation``): its leases are re-queued
+        at once if the node comes back as another process, not at their deadline."""
         self.policies: dict[str, NodePolicy] = {}
         self.workflows: dict[str, Workflow] = {}
         self.tools: dict[str, Tool] = {}
@@ -245,7 +249,12 @@ class RolloutNode:
                 free = await self._coalesce()
             try:
                 reply = await self.dataflow.lease(
-                    LeaseRequest(capacity=free, workflows=sorted(self.workflows), **self._whoami())
+                    LeaseRequest(
+                        capacity=free,
+                        workflows=sorted(self.workflows),
+                        incarnation=self.incarnation,
+                        **self._whoami(),
+                    )
                 )
             except Exception as exc:  # loop boundary: the dataflow may be down for a while
                 log.warning("lease failed node=%s error=%r", cfg.node_id, exc)

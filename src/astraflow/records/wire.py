@@ -362,6 +362,11 @@ class LeaseRequest(Record):
     versions: dict[Name, HeldVersion] = Field(default_factory=dict)
     """Weight version the node holds per policy (-1: nothing loaded yet)."""
     stats: NodeStats = Field(default_factory=NodeStats)
+    incarnation: Id | None = None
+    """A random id the node process draws when it starts. A lease from another incarnation
+    than the one the node's open leases were granted to means that process is gone (it
+    crashed and the node came back under the same id): those leases are re-queued at once
+    instead of at their deadline. None: not tracked (older nodes)."""
 
 
 class LeaseReply(Record):

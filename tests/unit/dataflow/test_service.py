@@ -208,6 +208,38 @@ def test_release_requeues_at_once(tmp_path: Path, clock: Clock) -> None:
     assert {(t.task_id, t.attempt) for t in again} == {(t.task_id, 1) for t in tasks}
 
 
+def test_a_node_back_as_a_new_process_has_its_old_leases_requeued(
+    tmp_path: Path, clock: Clock
+) -> None:
+    svc = service(tmp_path, clock)
+    first = lease(svc, capacity=2, incarnation="a")
+    first += lease(svc, capacity=1, incarnation="a")  # the same process: it keeps the first two
+    assert svc.queue.held("n1") == 3
+    lease(svc, node="n2", capacity=1, incarnation="x")
+    svc.close()
+    svc = service(tmp_path, clock)  # the service restarts too (a resumed run)
+    assert svc.queue.held("n1") == 3  # reloaded: held until their deadline, or until told
+    again = lease(svc, capacity=2, incarnation="b")  # n1 crashed and came back
+    assert svc.queue.held("n1") == len(again) == 2  # the old 3 went back to the queue
+    assert {(t.task_id, t.attempt) for t in again} < {(t.task_id, 1) for t in first}
+    assert svc.queue.held("n2") == 1  # other nodes keep theirs
+    again += lease(svc, capacity=1)  # naming no incarnation (an older node) changes nothing
+    again += lease(svc, capacity=1, incarnation="b")
+    assert svc.queue.held("n1") == 4
+    # while "b" is heard from, another incarnation under its id (a node id is public: a
+    # spoofer, or a twin) takes nothing away; once "b" has been quiet half a TTL, it does
+    lease(svc, capacity=0, incarnation="spoof")
+    ttl = svc.config.lease.ttl_s
+    clock.advance(ttl / 4)
+    svc.renew(RenewRequest(node_id="n1", leases=[ref_of(svc, "n1", t) for t in again]))
+    clock.advance(ttl / 4)
+    lease(svc, capacity=0, incarnation="spoof")
+    assert svc.queue.held("n1") == 4
+    clock.advance(ttl / 2)
+    lease(svc, capacity=0, incarnation="c")
+    assert svc.queue.held("n1") == 0
+
+
 def test_epochs_and_exhaustion(tmp_path: Path, clock: Clock) -> None:
     svc = service(tmp_path, clock, policies={"solver": {"vocab_size": 64, "max_buffered": 10_000}})
     seen: list[str] = []
