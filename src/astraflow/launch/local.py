@@ -120,6 +120,8 @@ class Launcher:
         """The dashboard's read token for this run, when tokens are set but no read one."""
         self.feed: RunFeed | None = None
         self.started = time.monotonic()
+        self._spares: dict[str, list[str]] | None = None
+        """Node ids of earlier launches of this run, per pool, not used again yet."""
         port = port or config.dataflow.port or _free_port()
         self._bind(make_plan(config, port=port, base_dir=base_dir))
 
@@ -255,7 +257,8 @@ class Launcher:
 
     def start_node(self, pool: PoolSection) -> str:
         """Start one node of ``pool``; returns its node id."""
-        cfg = node_config(self.plan, pool, weights=self.weights_url)
+        node_id = self._spare_id(pool.name)
+        cfg = node_config(self.plan, pool, node_id=node_id, weights=self.weights_url)
         cfg = self.regions.node_urls(pool, cfg)
         self._start(
             ComponentSpec(
@@ -264,6 +267,16 @@ class Launcher:
             )
         )  # fmt: skip
         return cfg.node_id
+
+    def _spare_id(self, pool: str) -> str | None:
+        """The id of a node of ``pool`` that an earlier launch of this run started (most recent
+        first), to start this launch's nodes under: a node coming back under its id as a new
+        process has the dead one's leases re-queued at once (the dataflow's node incarnations)
+        instead of holding the resumed run back until they expire. None: a fresh id."""
+        if self._spares is None:
+            self._spares = _earlier_nodes(self.plan.run_dir)
+        ids = self._spares.get(pool)
+        return ids.pop(0) if ids else None
 
     def stop_node(self, node_id: str) -> None:
         """Retire a node gracefully (it hands its leases back and exits)."""
@@ -410,6 +423,25 @@ class Launcher:
             write_plots(self.plan.run_dir)
         except (OSError, ValueError) as exc:
             log.warning("could not write plots: %s", exc)
+
+
+def _earlier_nodes(run_dir: Path) -> dict[str, list[str]]:
+    """The node ids each pool had in earlier launches of ``run_dir`` (their component files),
+    the most recently started first."""
+    found: list[tuple[float, str, str]] = []
+    for path in run_dir.glob("components/node-*.json"):
+        try:
+            data = json.loads(path.read_text())
+            started = path.stat().st_mtime
+        except (OSError, ValueError):
+            continue
+        node_id, pool = data.get("node_id"), data.get("pool")
+        if isinstance(node_id, str) and isinstance(pool, str) and path.stem == f"node-{node_id}":
+            found.append((started, pool, node_id))
+    spares: dict[str, list[str]] = {}
+    for _, pool, node_id in sorted(found, reverse=True):
+        spares.setdefault(pool, []).append(node_id)
+    return spares
 
 
 class LocalRun(Launcher):
