@@ -183,6 +183,11 @@ class SyncRounds:
             return {}
         if self.max_new() == 0 and not self.queue.pending:
             return {}
+        if self.topups:  # a top-up is for the policies the filters left without data: only
+            # their sources lease more, or the others' round batch outgrows its trainer's batch
+            lacking = {p for p in self.policies if not self.groups(p)}
+            if lacking:
+                sources = [s for s in sources if lacking.intersection(s.policies)]
         return {s.name: _NO_CAP for s in sources if not any(p in refresh for p in s.policies)}
 
     def lease_key(self) -> Hashable:

@@ -107,6 +107,37 @@ def test_a_round_emptied_by_the_filters_leases_more_tasks(tmp_path: Path) -> Non
     assert report.sync.state == "complete"
 
 
+def test_a_top_up_leases_only_for_the_policies_left_without_data(tmp_path: Path) -> None:
+    # two policies, a source each; the filters empty the verifier's groups of the round
+    base = make_config(tmp_path / "x").sources[0]
+    sources = [base.model_copy(update={"name": f"src-{p}", "policies": [p]})
+               for p in ("solver", "verifier")]  # fmt: skip
+    policy = {"vocab_size": 64, "max_staleness": 1, "max_buffered": 256}
+    svc = service(tmp_path, sources=sources, filters=["dynamic_sampling"],
+                  policies={"solver": policy, "verifier": policy},
+                  regulation={**SYNC, "sync_round_tasks": 4})  # fmt: skip
+    for p in ("solver", "verifier"):
+        svc.announce(PolicyVersion(policy=p, version=0, manifest="v0"))
+    versions = {"solver": 0, "verifier": 0}
+
+    def lease_all() -> list[Task]:
+        req = LeaseRequest(node_id="n1", capacity=16, workflows=["rlvr"], versions=versions)
+        return svc.lease(req).tasks
+
+    first = lease_all()
+    assert {t.source for t in first} == {"src-solver", "src-verifier"}
+    for t in first:
+        policy_of = "solver" if t.source == "src-solver" else "verifier"
+        rewards = (0.0, 1.0) if policy_of == "solver" else (1.0, 1.0)  # verifier's: dropped
+        secret = svc.queue.secret("n1", t.task_id, t.attempt)
+        samples = make_group(t, rewards=rewards, policy=policy_of)
+        svc.submit(SubmitRequest(node_id="n1", task_id=t.task_id, attempt=t.attempt,
+                                 secret=secret, samples=samples))  # fmt: skip
+    assert sync_state(svc)[1:3] == ("open", 8)  # topped up
+    more = lease_all()
+    assert more and {t.source for t in more} == {"src-verifier"}  # not the solver's source
+
+
 def test_a_round_completes_short_when_the_sources_run_dry(tmp_path: Path) -> None:
     source = make_config(tmp_path / "x").sources[0].model_copy(update={"epochs": 1})
     svc = service(tmp_path, sources=[source], regulation={**SYNC, "sync_round_tasks": 15})
