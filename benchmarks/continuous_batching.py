@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from raas_overhead import bench_spec
+
 ROWS: dict[str, dict[str, Any]] = {
     "continuous off": {"continuous": False},
     "continuous off, 100 ms gap window": {
@@ -62,23 +64,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace, work: Path, config: dict[str, Any]) -> Any:
-    from astraflow.models import ModelSpec, TokenizerSpec, build_tokenizer
+    from astraflow.models import build_tokenizer
     from astraflow.raas.engines.base import EngineContext, build_engine
 
-    spec = ModelSpec(
-        model_type="qwen3",
-        config={
-            "hidden_size": args.hidden,
-            "intermediate_size": 3 * args.hidden,
-            "num_hidden_layers": args.layers,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": args.hidden // 4,
-            "max_position_embeddings": 1024,
-            "tie_word_embeddings": True,
-        },
-        tokenizer=TokenizerSpec(type="char", alphabet="0123456789+-*=>?,. abcdefgh"),
-    )
+    spec = bench_spec(args.hidden, args.layers, context=1024)
     context = EngineContext(
         policy="p", tokenizer=build_tokenizer(spec), work_dir=work, model=spec, seed=0
     )

@@ -96,25 +96,32 @@ def prompts(n: int) -> list[str]:
     return [f"{i % 10}+{(i * 7) % 10}=" for i in range(n)]
 
 
-def setup_store(root: Path, args: argparse.Namespace) -> Any:
-    """Publish assets and version 0 of the benchmark model; return its spec."""
-    from astraflow.models import ModelSpec, TokenizerSpec, build_model, build_tokenizer
-    from astraflow.weights import WeightStore
+def bench_spec(hidden: int, layers: int, context: int = 256) -> Any:
+    """The benchmark's Qwen3 (``hidden`` wide, ``layers`` deep) with a character tokenizer."""
+    from astraflow.models import ModelSpec, TokenizerSpec
 
-    spec = ModelSpec(
+    return ModelSpec(
         model_type="qwen3",
         config={
-            "hidden_size": args.hidden,
-            "intermediate_size": 3 * args.hidden,
-            "num_hidden_layers": args.layers,
+            "hidden_size": hidden,
+            "intermediate_size": 3 * hidden,
+            "num_hidden_layers": layers,
             "num_attention_heads": 4,
             "num_key_value_heads": 2,
-            "head_dim": args.hidden // 4,
-            "max_position_embeddings": 256,
+            "head_dim": hidden // 4,
+            "max_position_embeddings": context,
             "tie_word_embeddings": True,
         },
         tokenizer=TokenizerSpec(type="char", alphabet=ALPHABET),
     )
+
+
+def setup_store(root: Path, args: argparse.Namespace) -> Any:
+    """Publish assets and version 0 of the benchmark model; return its spec."""
+    from astraflow.models import build_model, build_tokenizer
+    from astraflow.weights import WeightStore
+
+    spec = bench_spec(args.hidden, args.layers)
     tok = build_tokenizer(spec)
     model = build_model(spec, tok)
     assets = root / "assets"

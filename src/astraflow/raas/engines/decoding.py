@@ -169,14 +169,8 @@ class BatchDecoder:
         row keeps its own positions and mask). ``on_done`` is called with each row as soon as
         it finishes, so its caller need not wait for the longest row of the batch.
         """
-        from transformers import DynamicCache
-
         live = list(rows)
-        self._seed(live)
-        ids, mask = self._left_pad([r.request.prompt_ids for r in live])
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        out = self._forward(ids, mask, positions, cache, logits_to_keep=1)
+        cache, mask, positions, out = self._prefill(live)
         next_pos = positions[:, -1:] + 1
         params = self._params(live)
         joinable = join is not None and _appendable(cache)
@@ -188,14 +182,7 @@ class BatchDecoder:
                         row.finish_reason = "abort"
                         _notify(on_done, row)
                 return
-            tokens, logprobs = sample_next(
-                out.logits[:, -1, :].float(),
-                *params,
-                [r.generator for r in live],
-                self.shared,
-                self._banned(live, out.logits.shape[-1]),
-            )
-            done = self._record(live, tokens.tolist(), logprobs.tolist(), on_done)
+            tokens, done = self._draw(live, out.logits, params, on_done)
             if len(done) == len(live):
                 return
             step = tokens[:, None]
@@ -218,10 +205,37 @@ class BatchDecoder:
             out = self._forward(step, mask, next_pos, cache)
             next_pos = next_pos + 1
 
-    def _seed(self, rows: Sequence[DecodedRow]) -> None:
+    def _prefill(self, rows: Sequence[DecodedRow]) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
+        """Seed the rows and run their left-padded prompts through the model: a new cache,
+        the attention mask, the positions and the output (logits of the last position)."""
+        from transformers import DynamicCache
+
         for row in rows:
             if row.request.seed is not None:
                 row.generator = torch.Generator(device=self.device).manual_seed(row.request.seed)
+        ids, mask = self._left_pad([r.request.prompt_ids for r in rows])
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        out = self._forward(ids, mask, positions, cache, logits_to_keep=1)
+        return cache, mask, positions, out
+
+    def _draw(
+        self,
+        rows: Sequence[DecodedRow],
+        logits: torch.Tensor,
+        params: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        on_done: Callable[[DecodedRow], None] | None,
+    ) -> tuple[torch.Tensor, set[int]]:
+        """Draw each row's next token from ``logits`` and record it: the tokens, and the
+        indices of the rows that are finished."""
+        tokens, logprobs = sample_next(
+            logits[:, -1, :].float(),
+            *params,
+            [r.generator for r in rows],
+            self.shared,
+            self._banned(rows, logits.shape[-1]),
+        )
+        return tokens, self._record(rows, tokens.tolist(), logprobs.tolist(), on_done)
 
     def _join(
         self,
@@ -234,21 +248,8 @@ class BatchDecoder:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Prefill ``new`` on its own cache, draw each row's first token, and append the rows
         that go on to the running batch: its cache, mask, positions and next input."""
-        from transformers import DynamicCache
-
-        self._seed(new)
-        ids, new_mask = self._left_pad([r.request.prompt_ids for r in new])
-        positions = (new_mask.cumsum(-1) - 1).clamp(min=0)
-        sub = DynamicCache(config=self.model.config)
-        out = self._forward(ids, new_mask, positions, sub, logits_to_keep=1)
-        tokens, logprobs = sample_next(
-            out.logits[:, -1, :].float(),
-            *self._params(new),
-            [r.generator for r in new],
-            self.shared,
-            self._banned(new, out.logits.shape[-1]),
-        )
-        done = self._record(new, tokens.tolist(), logprobs.tolist(), on_done)
+        sub, new_mask, positions, out = self._prefill(new)
+        tokens, done = self._draw(new, out.logits, self._params(new), on_done)
         keep = [i for i in range(len(new)) if i not in done]
         if not keep:
             return mask, next_pos, step
