@@ -11,21 +11,28 @@
               → the candidate with the fewest bytes
       fetch:  every file of the plan, checked against its manifest checksum (retried if bad)
       check:  names, dtypes, shapes; for deltas the tensors must hold `have` (checksums)
-      apply:  compose the deltas, write each tensor once in place (CPU or device)
+      apply:  compose the deltas, write each tensor once in place (CPU or device), journaled
       verify: every tensor's checksum equals the one published for `want`
 
 Over a slow link every request costs a round trip, so a pull by one delta takes one round
 trip (manifests and file requested together) plus the file's bytes, instead of one per
-manifest, then one for the file. Nothing is written into ``tensors`` before every downloaded
-byte is verified, so a failed pull leaves the node on its current version.
+manifest, then one for the file. A failed pull leaves the node on its current version: a delta
+path writes nothing before its files verify, and every change it makes in place is recorded
+in a journal (``journal.py``) and taken back, exactly, when anything after it fails. (A full
+snapshot is copied in only once its file verified.)
 
-The next version's delta (want = have + 1) is worked on while it travels: one thread only
-receives (and hashes the file as it comes), another decodes each tensor's change as soon as
-its bytes are in, applies it to a staging copy of the tensor (CPU tensors) and checksums the
-copy against the published one. Once the last byte is in and the file verifies, the staged
-copies are copied into ``tensors``, all or none: a tensor whose staged copy does not verify
-stops the pull before anything is written. What is left after the last byte is the last
-tensor's decode and the copies (one extra copy of the changed CPU tensors is held meanwhile).
+The next version's delta (want = have + 1) is applied while it travels: one thread only
+receives (and hashes the file as it comes), another applies each tensor's change in place as
+soon as its bytes are in (one compiled pass over the changes, ``kernels.py``), journaled,
+and checksums the tensor against the published one. The tensors are thus touched once: no
+copy of them is staged, and no separate check that they held `have` is needed (a tensor that
+did not ends at another checksum: its change, and every other, is taken back, and the pull
+then names what was wrong). The pull commits when the last byte is in and the file verifies;
+a tensor that does not verify, a corrupt or cut file, or any error undoes the journal. What
+is left after the last byte is the last (smallest) tensor's change. The tensors are not to
+be read while a pull runs (nodes pull into a shadow copy or between requests); tensors of a
+``SafetensorsFile`` (on disk, where a crash would leave a mix) are written only after the
+file verified.
 """
 
 from __future__ import annotations
@@ -42,20 +49,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import safetensors
 import safetensors.torch
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from astraflow.errors import ChecksumError, NotFoundError, ValidationError
+from astraflow.errors import ChecksumError, NotFoundError, TransferError, ValidationError
 from astraflow.weights import delta as codec
+from astraflow.weights import kernels
 from astraflow.weights.delta import TensorDelta
+from astraflow.weights.journal import Journal
 from astraflow.weights.manifest import (
     DELTA_FILE,
     FULL_FILE,
     MANIFEST_FILE,
     AssetsManifest,
+    TensorEntry,
     WeightManifest,
     dtype_itemsize,
     file_checksum,
@@ -66,7 +75,7 @@ from astraflow.weights.manifest import (
     version_dir,
 )
 from astraflow.weights.merge import compose_chain, decode_entry
-from astraflow.weights.tensors import apply_delta, bits, checksum, dtype_name
+from astraflow.weights.tensors import SafetensorsFile, bits, checksum, dtype_name
 from astraflow.weights.transfer import Source, TransferOptions, open_source
 
 __all__ = ["PullStats", "WeightClient"]
@@ -181,7 +190,7 @@ class WeightClient:
                 tensors = {e.name: f.get_tensor(e.name).clone() for e in plan.full.tensors}
             target = plan.deltas[-1] if plan.deltas else plan.full
             self._check_targets(target, tensors)
-            self._apply_deltas(plan, local[1:], tensors)
+            self._apply_deltas(plan, local[1:], tensors, Journal())
             self._verify(target, tensors)
         return tensors
 
@@ -196,8 +205,9 @@ class WeightClient:
 
         ``have=None`` means the tensors hold no known version (a full snapshot is used).
         Raises ``TransferError`` (naming source, version and file) when the download fails,
-        ``ChecksumError`` when data or the tensors do not verify; in both cases before any
-        tensor was written, except when the tensors turn out not to have held ``have``.
+        ``ChecksumError`` when data or the tensors do not verify; a delta pull that fails
+        leaves the tensors as they were (its changes undone), a full one fails before it
+        writes.
         """
         started = time.perf_counter()
         target_version = self._want(policy, want)
@@ -208,7 +218,10 @@ class WeightClient:
         if have == target_version:
             return PullStats(policy=policy, have=have, want=target_version, path="none", bytes=0,
                              candidates={}, files=0, resumes=0, seconds=0.0)  # fmt: skip
+        kernels.warm()  # compiled in the background: this pull uses them if ready
         pool = ThreadPoolExecutor(_AHEAD_WORKERS, thread_name_prefix="weights-ahead")
+        journal = Journal()
+        ahead: _Ahead | None = None
         try:
             ahead = _Ahead(self, pool, policy, have, target_version, tensors)
             target = ahead.manifest(target_version)
@@ -221,19 +234,25 @@ class WeightClient:
             verified: set[str] = set()
             with self._workdir() as work:
                 local = self._download(plan, work, ahead)
-                if plan.path == "full":
-                    ahead.settle()  # nothing may still read the tensors once they change
-                    self._copy_full(plan, local.pop(0), tensors)
-                elif self.verify_base:
-                    ahead.check_base(plan.deltas[0].base or 0)
                 early = ahead.early() if plan.path == "chain" and len(plan.deltas) == 1 else None
                 if early is not None:
-                    verified = self._commit_early(plan.deltas[0], early, tensors, ahead.base())
+                    verified = self._commit_early(plan.deltas[0], early, tensors, ahead)
                 else:
-                    self._apply_deltas(plan, local, tensors)
+                    ahead.discard()  # the read-ahead's changes undone, nothing reads the tensors
+                    if plan.path == "full":
+                        self._copy_full(plan, local.pop(0), tensors)
+                    elif self.verify_base:
+                        ahead.check_base(plan.deltas[0].base or 0)
+                    self._apply_deltas(plan, local, tensors, journal)
+            self._verify(target, tensors, skip=verified)
+        except BaseException:
+            undone = journal.undo() + (ahead.discard() if ahead is not None else 0)
+            if undone:
+                logger.info("pull failed policy=%s have=%s want=%d: %d changes undone",
+                            policy, have, target_version, undone)  # fmt: skip
+            raise
         finally:  # a failed pull does not wait for requests it no longer needs
             pool.shutdown(wait=False, cancel_futures=True)
-        self._verify(target, tensors, skip=verified)
         stats = PullStats(
             policy=policy, have=have, want=target_version, path=plan.path, bytes=plan.bytes,
             candidates={name: p.bytes for name, p in plans.items()},
@@ -394,7 +413,11 @@ class WeightClient:
                 tensors[entry.name].copy_(f.get_tensor(entry.name))
 
     def _apply_deltas(
-        self, plan: _Plan, paths: list[Path], tensors: MutableMapping[str, torch.Tensor]
+        self,
+        plan: _Plan,
+        paths: list[Path],
+        tensors: MutableMapping[str, torch.Tensor],
+        journal: Journal,
     ) -> None:
         if not plan.deltas:
             return
@@ -408,61 +431,48 @@ class WeightClient:
             if key in done:
                 continue  # tied weights: one storage under two names, changed once
             done.add(key)
-            apply_delta(t, change)
+            journal.apply(t, change=change)
 
     def _commit_early(
         self,
         manifest: WeightManifest,
         early: _Early,
         tensors: MutableMapping[str, torch.Tensor],
-        base: dict[str, str] | None,
+        ahead: _Ahead,
     ) -> set[str]:
-        """Write the delta read ahead (its file verified) into ``tensors``; returns the names
-        already verified at ``manifest``'s checksums (their staged copies were; an unchanged
-        tensor was when the base check found it at a base checksum equal to the new one).
+        """Finish the delta read ahead (its file verified): every tensor changed in place on
+        the way must be at its published checksum; the tensors it did not change there (not
+        on the CPU, on disk) get their change now, journaled (checked after, with the
+        others, by ``_verify``). Returns the names verified already.
 
-        Every staged copy is checked first: one that does not match stops the pull before a
-        tensor is written. Tensors without a staged copy (not on the CPU) get the change
-        decoded ahead, applied in place (checked after, with the others, by ``_verify``).
+        A tensor off its checksum undoes every change; then the pull says whether the
+        tensors did not hold the base version or the delta does not lead to its own.
         """
-        view = memoryview(early.data)
-        changes: dict[str, TensorDelta] = {}
-        for entry in manifest.tensors:  # every check and decode before the first write
+        for entry in manifest.tensors:
             digest = early.sums.get(entry.name)
-            if digest is None:
-                changes[entry.name] = early.decoded.get(entry.name) or decode_entry(
-                    manifest, entry, view
-                )
-            elif digest != entry.checksum:
+            if digest is not None and digest != entry.checksum:
+                ahead.discard()
+                if self.verify_base and manifest.base is not None:
+                    ahead.check_base(manifest.base)  # raises: they were not at the base
                 raise ChecksumError(
                     f"{self.source.url}: policy {manifest.policy}: tensor {entry.name!r} "
                     f"checksum differs: the delta of version {manifest.version} does not lead "
-                    f"the tensors there (were they at the base version?); nothing was written",
+                    f"the tensors there from version {manifest.base}; its changes were undone",
                     field=entry.name,
                 )
-        written: set[tuple[object, ...]] = set()
+        view = memoryview(early.data)
+        written = set(early.keys)
         for entry in manifest.tensors:
+            if entry.name in early.sums or entry.encoding == "same":
+                continue
             t = tensors[entry.name]
             key = _storage_key(t)
             if key in written:
                 continue  # tied weights: one storage under two names, changed once
-            staged = early.staged.get(entry.name)
-            if staged is not None:
-                np.copyto(bits(t), staged)
-                written.add(key)
-            elif changes[entry.name].kind != "same":
-                apply_delta(t, changes[entry.name])
-                written.add(key)
-        verified = set(early.sums)
-        if base is not None:  # unchanged, and found at a base checksum equal to the new one
-            verified |= {
-                e.name
-                for e in manifest.tensors
-                if e.encoding == "same"
-                and base.get(e.name) == e.checksum
-                and _storage_key(tensors[e.name]) not in written
-            }
-        return verified
+            change = early.decoded.get(entry.name) or decode_entry(manifest, entry, view)
+            early.journal.apply(t, change=change)
+            written.add(key)
+        return set(early.sums)
 
     def _verify_base(
         self,
@@ -511,33 +521,45 @@ def _storage_key(t: torch.Tensor) -> tuple[object, ...]:
 
 class _Early:
     """A delta file read ahead: its bytes and their checksum (made as they arrived), the
-    tensors decoded from them on the way, their staged new contents and those contents'
-    checksums, and whether the bytes matched the manifest's checksum (only then is any of it
-    used)."""
+    tensors changed in place on the way (journaled) and their checksums after, the changes
+    decoded for tensors not changed on the way, and whether the bytes matched the manifest's
+    checksum (only then is any of it kept)."""
 
     def __init__(self) -> None:
         self.data = b""
         self.digest = ""
+        self.journal = Journal()
         self.decoded: dict[str, TensorDelta] = {}
-        self.staged: dict[str, codec.UIntArray] = {}
-        """Per changed CPU tensor: a copy of its bits with the change applied (the tensor
-        itself is only read), written into it once the whole file verified."""
         self.sums: dict[str, str] = {}
-        """The checksum of each staged copy (compared with the published one before any
-        tensor is written)."""
+        """The checksum of each tensor changed in place, after (compared with the published
+        one before the pull commits)."""
+        self.keys: dict[tuple[object, ...], str] = {}
+        """The storages changed in place, with their checksum (tied names share one)."""
         self.verified = False
 
-    def stage(self, name: str, change: TensorDelta, t: torch.Tensor | None) -> None:
-        """Apply ``change`` to a copy of ``t``'s bits and checksum it (reads ``t`` only)."""
-        if change.kind == "same" or t is None or t.device.type != "cpu":
-            return
-        if not t.is_contiguous() or t.element_size() != change.itemsize:
-            return
-        if t.numel() != change.numel:
-            return  # the pull refuses it (_check_targets) before anything is committed
-        new = codec.applied(bits(t), change)
-        self.staged[name] = new
-        self.sums[name] = tensor_checksum(new.data)
+    def apply(
+        self, entry: TensorEntry, blob: bytes, t: torch.Tensor | None, in_place: bool
+    ) -> bool:
+        """Change ``t`` in place by ``entry``'s ``blob`` and checksum it; a tensor that cannot
+        be changed in place (not on the CPU, on disk) gets its change decoded only. False when
+        the tensor did not end at its published checksum."""
+        if t is None or entry.encoding is None or entry.encoding == "same":
+            return True
+        cpu = t.device.type == "cpu" and t.is_contiguous()
+        fits = dtype_name(t.dtype) == entry.dtype and tuple(t.shape) == entry.shape
+        if not fits:
+            return True  # the pull refuses it (_check_targets)
+        if not (in_place and cpu):
+            self.decoded[entry.name] = codec.decode(
+                entry.encoding, blob, entry.numel, dtype_itemsize(entry.dtype)
+            )
+            return True
+        key = _storage_key(t)
+        if key not in self.keys:  # tied weights: one storage under two names, changed once
+            self.journal.apply(t, blob=(entry.encoding, blob))
+            self.keys[key] = tensor_checksum(bits(t).data)
+        self.sums[entry.name] = self.keys[key]
+        return self.sums[entry.name] == entry.checksum
 
 
 class _Stream:
@@ -577,10 +599,11 @@ class _Ahead:
     """What one pull asks for at once, before its plan needs it (one round trip, not one per
     request): the manifests of ``want``, ``have`` and up to 16 versions between, the merged
     delta's manifest when ``want > have + 1``, ``want``'s delta file when ``want == have + 1``
-    (the next version: a node refreshing at every version), and the check that the tensors
-    hold ``have`` (a checksum pass, done while the bytes travel). A request whose answer the
-    plan does not use costs nothing but its bytes; a delta file read ahead is checked against
-    its manifest like any download, and fetched again (resumably) when its early read failed.
+    (the next version: a node refreshing at every version; applied in place as it arrives,
+    journaled), else the check that the tensors hold ``have`` (a checksum pass, done while
+    the bytes travel). A request whose answer the plan does not use costs nothing but its
+    bytes; a delta file read ahead is checked against its manifest like any download, and
+    fetched again (resumably) when its early read failed, its changes undone first.
     """
 
     def __init__(
@@ -599,6 +622,7 @@ class _Ahead:
         self._base: Future[None] | None = None
         self._base_version = have
         self._tensors = tensors
+        self._stop = threading.Event()
         get = client.manifest
         self._manifests[want] = pool.submit(get, policy, want)
         if have is None:
@@ -607,7 +631,7 @@ class _Ahead:
             rel = f"{version_dir(policy, want)}/{DELTA_FILE}"
             what = f"policy {policy} version {want} file {DELTA_FILE}"
             self._delta = pool.submit(self._read_delta, rel, what)
-        if client.verify_base:
+        if client.verify_base and self._delta is None:  # (the read-ahead changes the tensors)
             self._manifests[have] = pool.submit(get, policy, have)
             self._base = pool.submit(client._verify_base, policy, have, tensors, self.manifest)
         if want > have + 1:
@@ -631,10 +655,9 @@ class _Ahead:
 
     def _read_delta(self, rel: str, what: str) -> _Early:
         """Read the next version's delta file as it arrives (hashing it on the way), while a
-        second thread decodes each tensor's change as soon as its bytes are in and stages
-        the tensor's new contents: the receiving never waits for the decoding, and the
-        decoding is done while the rest travels. Nothing is applied before the whole file
-        verifies (``_commit_early``)."""
+        second thread applies each tensor's change as soon as its bytes are in: the receiving
+        never waits for the applying, which is done while the rest travels. The changes are
+        kept only if the whole file verifies (``_commit_early``); a cut read undoes them."""
         early = _Early()
         stream = _Stream()
         decoder = threading.Thread(
@@ -642,37 +665,43 @@ class _Ahead:
         )
         decoder.start()
         hasher = file_hasher()
+        whole = False
         try:
             for chunk in self.client.source.chunks(rel, what):
+                if self._stop.is_set():
+                    raise TransferError(f"{what}: read ahead stopped (the pull failed)")
                 hasher.update(chunk)
                 stream.append(chunk)
+            whole = True
         finally:
             stream.end()
             decoder.join()
+            if not whole:
+                early.journal.undo()
         early.data = stream.data()
         early.digest = hasher.hexdigest()
         return early
 
     def _decode_stream(self, stream: _Stream, early: _Early) -> None:
-        """Decode and stage each tensor of the streamed delta, in file order, once its bytes
-        are in (after the manifest says where they lie). Stops at the first tensor that does
-        not decode: whatever is missing is decoded again from the verified file, or refused."""
+        """Apply each tensor's change of the streamed delta, in file order, once its bytes are
+        in (after the manifest says where they lie). Stops at the first tensor that does not
+        decode or verify: what is left is done from the verified file, or refused."""
         try:
             manifest = self._manifests[self.want].result()
         except Exception:  # the pull raises it itself
             return
         if manifest.base != self._base_version:
             return  # not the delta this pull needs: kept as bytes only
+        in_place = not isinstance(self._tensors, SafetensorsFile)
         for entry in sorted(manifest.tensors, key=lambda e: e.offset):
             piece = stream.read(entry.offset, entry.offset + entry.length)
-            if piece is None:
+            if piece is None or self._stop.is_set():
                 return
             try:
-                relative = entry.model_copy(update={"offset": 0})
-                change = decode_entry(manifest, relative, piece)
-                early.decoded[entry.name] = change
-                early.stage(entry.name, change, self._tensors.get(entry.name))
-            except (ChecksumError, ValidationError):  # decoded again once verified
+                if not early.apply(entry, piece, self._tensors.get(entry.name), in_place):
+                    return  # off its checksum: the pull stops on it
+            except Exception as exc:  # done again (or refused) from the verified file
+                logger.debug("streamed delta stopped at tensor %r: %r", entry.name, exc)
                 return
 
     def delta(self, version: int) -> _Early | None:
@@ -686,30 +715,32 @@ class _Ahead:
             return None
 
     def early(self) -> _Early | None:
-        """The delta file read ahead (its tensors decoded), once its bytes verified."""
+        """The delta file read ahead (its tensors changed), once its bytes verified."""
         if self._delta is None or not self._delta.done() or self._delta.exception():
             return None
         early = self._delta.result()
         return early if early.verified else None
 
-    def base(self) -> dict[str, str] | None:
-        """The base version's tensor checksums, once the base check found the tensors at
-        them (None: not checked, or its manifest is gone)."""
-        if self._base is None or self._base_version is None:
-            return None
-        future = self._manifests.get(self._base_version)
-        if future is None or future.exception() is not None or self._base.exception():
-            return None
-        return {e.name: e.checksum for e in future.result().tensors}
-
     def check_base(self, have: int) -> None:
-        """Raise ``ChecksumError`` unless the tensors held ``have`` (checked ahead)."""
-        if self._base is None or have != self._base_version:
-            raise AssertionError(f"base v{have} was not checked ahead")
-        self._base.result()
+        """Raise ``ChecksumError`` unless the tensors hold ``have`` (checked ahead, or now)."""
+        if have != self._base_version:
+            raise AssertionError(f"base v{have} is not this pull's")
+        if self._base is None:
+            self.client._verify_base(self.policy, have, self._tensors, self.manifest)
+        else:
+            self._base.result()
 
-    def settle(self) -> None:
-        """Wait for the base check (it reads the tensors), whatever it found."""
+    def discard(self) -> int:
+        """Stop the read-ahead and the base check, wait for both (they touch the tensors),
+        and undo the read-ahead's changes; how many were undone."""
+        self._stop.set()
         if self._base is not None:
             with contextlib.suppress(Exception):
                 self._base.result()
+        if self._delta is None:
+            return 0
+        try:
+            early = self._delta.result()
+        except Exception:  # a failed read-ahead undid its changes itself
+            return 0
+        return early.journal.undo()

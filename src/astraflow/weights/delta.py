@@ -49,13 +49,15 @@ from astraflow.errors import ChecksumError, ValidationError
 __all__ = [
     "ENCODINGS",
     "Encoding",
+    "JointParts",
     "TensorDelta",
-    "applied",
     "apply",
     "compose",
     "decode",
     "diff",
     "encode",
+    "joint_parts",
+    "negated",
     "uint_dtype",
 ]
 
@@ -187,6 +189,7 @@ def decode(encoding: str, blob: bytes | memoryview, numel: int, itemsize: int) -
             return TensorDelta("sparse", numel, itemsize, values=values, pos=pos)
         data = zstandard.ZstdDecompressor().decompress(blob)
         if encoding == "dense":
+            _expect(len(data) == numel * itemsize, f"dense blob holds {len(data)} bytes")
             values = _unzigzag(_unplanes(data, numel, dtype))
             return TensorDelta("dense", numel, itemsize, values=values)
         count, gaps_len = _HEADER.unpack_from(data)
@@ -250,19 +253,15 @@ def apply(flat: UIntArray, delta: TensorDelta) -> None:
         flat[delta.pos] += delta.values
 
 
-def applied(flat: UIntArray, delta: TensorDelta) -> UIntArray:
-    """A new array: ``flat`` with ``delta`` applied (``flat`` is only read)."""
-    if delta.kind == "sparse" and delta.pos is not None and 8 * delta.pos.size > delta.numel:
-        if flat.size != delta.numel or flat.dtype.itemsize != delta.itemsize:
-            apply(flat, delta)  # raises, naming the sizes
-        assert delta.values is not None
-        change = np.zeros_like(flat)  # dense enough: one scatter, then one add that copies
-        change[delta.pos] = delta.values
-        out: UIntArray = flat + change
-        return out
-    out = flat.copy()
-    apply(out, delta)
-    return out
+def negated(delta: TensorDelta) -> TensorDelta:
+    """The delta that undoes ``delta`` (its differences negated, wrapping); a ``raw`` change
+    cannot be undone from itself (``ValidationError``)."""
+    if delta.kind == "raw":
+        raise ValidationError("a raw change replaces the tensor: it cannot be undone from itself")
+    if delta.values is None:
+        return delta
+    values = np.negative(delta.values)
+    return TensorDelta(delta.kind, delta.numel, delta.itemsize, values, delta.pos)
 
 
 def _expect(ok: bool, message: str) -> None:
@@ -357,15 +356,28 @@ def _joint_encode(
     return _COUNT.pack(count) + np.packbits(negative).tobytes() + cctx.compress(packed)
 
 
-def _joint_decode(
-    blob: bytes | memoryview, numel: int, dtype: np.dtype[np.unsignedinteger[Any]]
-) -> tuple[IndexArray, UIntArray]:
-    """Positions and differences of a ``joint`` blob (``ValueError`` when malformed)."""
+@dataclass(frozen=True)
+class JointParts:
+    """The streams of a ``joint`` blob, lengths checked (what a decoder walks)."""
+
+    count: int
+    signs: npt.NDArray[np.uint8]
+    """Sign bits of the differences, 8 a byte, first element in the high bit."""
+    symbols: npt.NDArray[np.uint8]
+    """One a change: gap (low 4 bits), ``|diff| - 1`` (high 4 bits); 15 is escaped."""
+    gaps: npt.NDArray[np.uint64]
+    """The escaped gaps, in order."""
+    sizes: UIntArray
+    """The escaped ``|diff| - 1``, in order, in the tensor's unsigned dtype."""
+
+
+def joint_parts(blob: bytes | memoryview, dtype: np.dtype[np.unsignedinteger[Any]]) -> JointParts:
+    """Split a ``joint`` blob into its streams (``ValueError`` or a zstd error when it is
+    malformed; what the streams say is checked by whoever walks them)."""
     (count,) = _COUNT.unpack_from(blob)
     sign_len = (count + 7) // 8
     _expect(len(blob) > _COUNT.size + sign_len, "joint blob is too short")
     signs = np.frombuffer(blob, np.uint8, sign_len, _COUNT.size)
-    negative = np.unpackbits(signs, count=count)
     data = zstandard.ZstdDecompressor().decompress(blob[_COUNT.size + sign_len :])
     n_gap, n_size = _JOINT_HEADER.unpack_from(data)
     start = _JOINT_HEADER.size
@@ -373,14 +385,29 @@ def _joint_decode(
         len(data) == start + count + 8 * n_gap + dtype.itemsize * n_size,
         "joint stream has the wrong length",
     )
-    symbols = np.frombuffer(data, np.uint8, count, start)
     view = memoryview(data)[start + count :]
+    return JointParts(
+        count=count,
+        signs=signs,
+        symbols=np.frombuffer(data, np.uint8, count, start),
+        gaps=_unplanes(view[: 8 * n_gap], n_gap, np.dtype(np.uint64)),
+        sizes=_unplanes(view[8 * n_gap :], n_size, dtype),
+    )
+
+
+def _joint_decode(
+    blob: bytes | memoryview, numel: int, dtype: np.dtype[np.unsignedinteger[Any]]
+) -> tuple[IndexArray, UIntArray]:
+    """Positions and differences of a ``joint`` blob (``ValueError`` when malformed)."""
+    parts = joint_parts(blob, dtype)
+    count, symbols = parts.count, parts.symbols
+    negative = np.unpackbits(parts.signs, count=count)
     low = symbols & np.uint8(_NIBBLE)
     escaped = np.flatnonzero(low == _NIBBLE)
-    _expect(escaped.size == n_gap, "gap escapes do not match their count")
+    _expect(escaped.size == parts.gaps.size, "gap escapes do not match their count")
     pos: IndexArray = low.astype(np.int64)  # the gaps, made positions in place
-    if n_gap:
-        gaps = _unplanes(view[: 8 * n_gap], n_gap, np.dtype(np.uint64))
+    if parts.gaps.size:
+        gaps = parts.gaps
         _expect(bool((gaps >= _NIBBLE).all() and (gaps < numel).all()), "escaped gap out of range")
         pos[escaped] = gaps
     pos += 1
@@ -389,9 +416,9 @@ def _joint_decode(
     _expect(count == 0 or (pos[0] >= 0 and pos[-1] < numel), "positions out of range")
     values: UIntArray = (symbols >> np.uint8(4)).astype(dtype)  # sizes, made differences
     escaped = np.flatnonzero(values == _NIBBLE)
-    _expect(escaped.size == n_size, "size escapes do not match their count")
-    if n_size:
-        values[escaped] = _unplanes(view[8 * n_gap :], n_size, dtype)
+    _expect(escaped.size == parts.sizes.size, "size escapes do not match their count")
+    if parts.sizes.size:
+        values[escaped] = parts.sizes
     values += dtype.type(1)  # wraps back for a size escaped as 2**bits - 1
     mask = np.negative(negative.astype(dtype))  # all ones where negative
     np.bitwise_xor(values, mask, out=values)

@@ -215,20 +215,3 @@ def test_device_scatter_path_is_bit_exact(dtype: torch.dtype, fraction: float) -
     target = old.clone()
     scatter_delta(target, change)
     assert np.array_equal(bits(target), bits(new))
-
-
-@pytest.mark.parametrize(("fraction", "kind"), [(0.02, "sparse"), (0.2, "sparse"), (0.5, "dense")])
-def test_applied_returns_the_new_array_and_leaves_the_old_one(fraction: float, kind: str) -> None:
-    """Dense-enough sparse changes go through a scatter into zeros and one add, the others
-    through a copy and apply: both give the bits ``apply`` gives, and only read ``flat``."""
-    old = (torch.randn(30_000, generator=torch.Generator().manual_seed(4)) * 0.02).to(
-        torch.bfloat16
-    )
-    new = _perturb(old, fraction, seed=7)
-    change = codec.diff(bits(old), bits(new))
-    assert change.kind == kind and (fraction != 0.2 or 8 * change.changed > change.numel)
-    before = bits(old).copy()
-    out = codec.applied(bits(old), change)
-    assert np.array_equal(out, bits(new)) and np.array_equal(bits(old), before)
-    with pytest.raises(ValidationError, match="does not fit"):
-        codec.applied(bits(old)[:-1], change)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from astraflow.errors import ChecksumError, ConflictError, ValidationError
 from astraflow.weights import WeightClient, WeightStore, WeightStoreConfig
 from astraflow.weights import delta as codec
+from astraflow.weights.journal import Journal
 from astraflow.weights.manifest import (
     DELTA_FILE,
     FULL_FILE,
@@ -207,11 +209,11 @@ def test_pull_refuses_tensors_that_do_not_hold_have(tmp_path: Path) -> None:
     assert _same(node, before)
 
 
-def test_streamed_delta_whose_middle_tensor_misleads_writes_nothing(tmp_path: Path) -> None:
-    """The next version's delta is decoded and staged tensor by tensor as it streams in; a
-    tensor whose staged result does not match its published checksum (its blob re-encoded to
-    a different change, the file's own checksum made to match) stops the pull before any
-    tensor, even one staged and verified before it, is written."""
+def test_streamed_delta_whose_middle_tensor_misleads_is_undone(tmp_path: Path) -> None:
+    """The next version's delta is applied in place tensor by tensor as it streams in; a
+    tensor that does not end at its published checksum (its blob re-encoded to a different
+    change, the file's own checksum made to match) stops the pull, and every change, the one
+    verified before it included, is taken back: the tensors are bit for bit as before."""
     states = _perturbed_chain(2)
     with WeightStore(tmp_path) as store:
         _publish_all(store, states)
@@ -238,9 +240,73 @@ def test_streamed_delta_whose_middle_tensor_misleads_writes_nothing(tmp_path: Pa
     (vdir / MANIFEST_FILE).write_bytes(rewritten.to_json())
     node = _copy(states[0])
     before = _copy(node)
-    with pytest.raises(ChecksumError, match="'b.bias'.*nothing was written"):
+    with pytest.raises(ChecksumError, match="'b.bias'.*from version 0; its changes were undone"):
         WeightClient(tmp_path).pull("p", node, have=0, want=1)
     assert _same(node, before)
+
+
+def _crash_on_second_change(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make the second (and every later) in-place change of a pull raise, as a crash inside
+    the apply would; returns the count of changes tried."""
+    tried: list[int] = []
+    apply = Journal.apply
+
+    def crashing(self: Journal, t: torch.Tensor, **kw: object) -> None:
+        tried.append(1)
+        if len(tried) >= 2:
+            raise RuntimeError("crash while applying")
+        apply(self, t, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Journal, "apply", crashing)
+    return tried
+
+
+@pytest.mark.parametrize(("have", "want"), [(1, 2), (0, 2)])
+def test_crash_mid_apply_leaves_the_tensors_at_have(
+    tmp_path: Path,
+    have: int,
+    want: int,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Streamed in place (want = have + 1) or composed after the download (a chain): a crash
+    after the first tensor changed takes that change back; the next pull goes through."""
+    states = _perturbed_chain(3)
+    with WeightStore(tmp_path) as store:
+        _publish_all(store, states)
+    node = _copy(states[have])
+    caplog.set_level(logging.INFO, logger="astraflow.weights.client")
+    tried = _crash_on_second_change(monkeypatch)
+    with pytest.raises(RuntimeError, match="crash while applying"):
+        WeightClient(tmp_path).pull("p", node, have=have, want=want)
+    assert len(tried) >= 2 and "1 changes undone" in caplog.text
+    assert _same(node, states[have])
+    monkeypatch.undo()
+    WeightClient(tmp_path).pull("p", node, have=have, want=want)
+    assert _same(node, states[want])
+
+
+def test_corrupt_delta_file_read_ahead_is_undone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The next version's delta is applied as it streams in, before its file is verified: a
+    file whose last tensor's bytes are corrupt fails its checksum, and the tensors changed
+    from its first bytes are restored bit for bit."""
+    states = _perturbed_chain(2)
+    with WeightStore(tmp_path) as store:
+        _publish_all(store, states)
+    vdir = tmp_path / "p/v00000001"
+    manifest = WeightManifest.from_json((vdir / MANIFEST_FILE).read_bytes(), where="test")
+    last = max(manifest.tensors, key=lambda e: e.offset)
+    data = bytearray((vdir / DELTA_FILE).read_bytes())
+    data[last.offset + last.length // 2] ^= 0xFF
+    (vdir / DELTA_FILE).write_bytes(bytes(data))
+    node = _copy(states[0])
+    caplog.set_level(logging.INFO, logger="astraflow.weights.client")
+    with pytest.raises(ChecksumError, match="checksum mismatch"):
+        WeightClient(tmp_path, retries=0).pull("p", node, have=0, want=1)
+    assert "changes undone" in caplog.text
+    assert _same(node, states[0])
 
 
 def test_load_copies_tensors_out_of_its_temporary_file(tmp_path: Path) -> None:
