@@ -29,13 +29,16 @@ accuracy.png, summary.json; the figures are printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
+import multiprocessing
 import re
 import statistics
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -213,25 +216,57 @@ def scaled_link(run: dict[str, Any], full: int) -> LinkConfig:
     return LinkConfig(delay_ms=round(rtt_ms / 2, 2), rate_mbit=round(rate_mbit, 2))
 
 
+def _wan_side(store: str, link_json: str, conn: Any) -> None:
+    """Child process: the store's weight server behind the link; answers the link's byte
+    count when asked, until told to stop."""
+    from astraflow.link import Link
+    from astraflow.weights.server import serve_in_thread
+
+    link = LinkConfig.model_validate_json(link_json)
+    with serve_in_thread(store) as url, Link.for_urls(link, {"weights": url}) as wan:
+        conn.send(wan.url("weights"))
+        while conn.recv() == "bytes":
+            conn.send(sum(wan.stats.down.values()) + sum(wan.stats.up.values()))
+
+
+@contextlib.contextmanager
+def wan_store(store: Path, link: LinkConfig) -> Iterator[tuple[str, Callable[[], int]]]:
+    """The store served behind the link from another process (as in a run, where neither
+    shares the node's interpreter): its URL, and a function counting the link's bytes."""
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe()
+    proc = ctx.Process(target=_wan_side, args=(str(store), link.model_dump_json(), theirs))
+    proc.start()
+    try:
+        if not mine.poll(120):
+            raise SystemExit("the weight server behind the link did not start")
+
+        def wan_bytes() -> int:
+            mine.send("bytes")
+            return int(mine.recv())
+
+        yield str(mine.recv()), wan_bytes
+    finally:
+        with contextlib.suppress(OSError):
+            mine.send("stop")
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+
+
 def replay(run_dir: Path, link: LinkConfig, count: int) -> dict[str, Any]:
     """Pull the run's last versions over the link: full vs delta direct, and via a relay."""
     import torch
 
-    from astraflow.link import Link
     from astraflow.weights import WeightClient
     from astraflow.weights.relay import WeightRelay, serve_relay
-    from astraflow.weights.server import serve_in_thread
 
     store = run_dir / "weights"
     local = WeightClient(store)
+    warm_up_kernels()
     versions = [v for v in _versions(store) if v - 1 in _versions(store)][-count:]
     rows: list[dict[str, Any]] = []
-    with serve_in_thread(store) as url, Link.for_urls(link, {"weights": url}) as wan:
-        wan_url = wan.url("weights")
-
-        def wan_bytes() -> int:
-            return sum(wan.stats.down.values()) + sum(wan.stats.up.values())
-
+    with wan_store(store, link) as (wan_url, wan_bytes):
         for v in versions:
             row: dict[str, Any] = {"version": v}
             for path, have in (("full", None), ("delta", v - 1)):
@@ -253,6 +288,20 @@ def replay(run_dir: Path, link: LinkConfig, count: int) -> dict[str, Any]:
             "delta_speedup": statistics.mean(full) / statistics.mean(delta),
             "delta_file_fraction": statistics.mean(
                 r["delta"]["file_bytes"] / r["full"]["file_bytes"] for r in rows)}  # fmt: skip
+
+
+def warm_up_kernels() -> None:
+    """Make (or load) the compiled delta loops before timing: a node does it once, in the
+    background, at its first pull (its first delta pull takes numpy's path if they are not
+    ready yet)."""
+    try:
+        from astraflow.weights import kernels
+    except ImportError:  # a checkout without them (a baseline)
+        return
+    started = time.perf_counter()
+    ready = kernels.warm(wait=True)
+    print(f"delta kernels {'ready' if ready else 'unavailable: numpy path'} in "
+          f"{time.perf_counter() - started:.2f} s (once per process)", flush=True)  # fmt: skip
 
 
 def _versions(store: Path) -> list[int]:
@@ -422,10 +471,10 @@ def report(runs: dict[str, list[dict[str, Any]]], transfer: dict[str, Any], link
     return summary
 
 
-def large_transfer(out: Path, lr: float, versions: int = 4) -> dict[str, Any]:
-    """The transfer panel at the 33.6M-parameter scale (Llama 512 x 8 layers, vocab 8192, bf16):
-    real Adam steps (fp32 master, batch 128 x 8 tokens) timed as the iteration T, each version
-    published full and as a delta, the link scaled from T as in the runs, then replayed."""
+def adam_store(root: Path, lr: float, versions: int = 4) -> tuple[float, int]:
+    """Publish ``versions`` + 1 versions (full and delta each) of the 33.6M-parameter model
+    (Llama 512 x 8 layers, vocab 8192; bf16) into the store ``root``: real Adam steps (fp32
+    master, batch 128 x 8 tokens). Returns the median step time (s) and the parameter count."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -438,9 +487,8 @@ def large_transfer(out: Path, lr: float, versions: int = 4) -> dict[str, Any]:
     model = LlamaForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     ids = torch.randint(0, 8192, (128, 8), generator=torch.Generator().manual_seed(1))
-    root = out / "large"
     steps_s = []
-    with WeightStore(root / "weights", WeightStoreConfig(full_every=1, keep=versions + 1)) as st:
+    with WeightStore(root, WeightStoreConfig(full_every=1, keep=versions + 1)) as st:
         st.publish("policy", 0, model.state_dict(), dtype=torch.bfloat16).result()
         for v in range(1, versions + 1):
             started = time.perf_counter()
@@ -449,10 +497,22 @@ def large_transfer(out: Path, lr: float, versions: int = 4) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             steps_s.append(time.perf_counter() - started)
             st.publish("policy", v, model.state_dict(), dtype=torch.bfloat16).result()
-    t = statistics.median(steps_s)
+    return statistics.median(steps_s), sum(p.numel() for p in model.parameters())
+
+
+def large_transfer(
+    out: Path, lr: float, versions: int = 4, iteration_s: float | None = None
+) -> dict[str, Any]:
+    """The transfer panel at the 33.6M-parameter scale (``adam_store``), each step timed as the
+    iteration T (or T given: the link of another machine's speed), the link scaled from T as
+    in the runs, then replayed."""
+    root = out / "large"
+    t, params = adam_store(root / "weights", lr, versions)
+    if iteration_s is not None:
+        print(f"large: step measured {t:.2f} s; the link is scaled for T = {iteration_s} s")
+        t = iteration_s
     full = full_bytes(root)
     link = scaled_link({"iteration_s": t}, full)
-    params = sum(p.numel() for p in model.parameters())
     print(f"large: {params / 1e6:.1f}M params, step {t:.2f} s, full {full / 1e6:.1f} MB -> "
           f"rate {link.rate_mbit} Mbit/s, RTT {2 * link.delay_ms} ms", flush=True)  # fmt: skip
     fidelity = measure(link)
@@ -490,6 +550,11 @@ def main() -> None:
         "--large-only", type=float, metavar="LR",
         help="only the 33.6M-parameter transfer replay, after Adam steps at this lr",
     )  # fmt: skip
+    parser.add_argument(
+        "--iteration-s", type=float, metavar="T",
+        help="with --large-only: scale the link for this iteration time instead of the one "
+        "measured (e.g. an idle machine's, when this one is loaded)",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.replot:
         done = json.loads(Path(args.replot).read_text())
@@ -497,7 +562,7 @@ def main() -> None:
         return
     if args.large_only:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        large = large_transfer(Path(args.out), args.large_only)
+        large = large_transfer(Path(args.out), args.large_only, iteration_s=args.iteration_s)
         (Path(args.out) / "large.json").write_text(json.dumps(large, indent=1) + "\n")
         return
     if args.quick:

@@ -2,8 +2,13 @@
 
 The store holds bf16 versions of a synthetic model (every version stored both as a full
 snapshot and as a delta; each step moves 2% of elements by one unit in the last place, the
-sparsity of a real lr-1e-6 step, see weight_delta.py). The server is a real process
-(`astraflow weights serve`); the client pulls into in-memory tensors, verifying everything.
+sparsity of a real lr-1e-6 step, see weight_delta.py), or with --adam-lr the 33.6M-parameter
+model of cross_region.py after real Adam steps at that lr (lr 1e-5: ~22% of elements change).
+The server is a real process (`astraflow weights serve`); the client pulls into in-memory
+tensors, verifying everything. Per pull: seconds, and the client's CPU time (this process's,
+the server being another): on a fast link the CPU a delta pull spends decoding and applying
+is what bounds it. --baseline-src DIR runs the same loopback pulls with another checkout's
+client (e.g. /work/main/src) in a child process, for a before/after in one run.
 
 Links:
   * loopback (always)
@@ -13,11 +18,13 @@ Links:
 
     .venv/bin/python benchmarks/weight_pull.py            # 34M params (67 MB bf16), 4 versions
     .venv/bin/python benchmarks/weight_pull.py --quick    # 5M params, 2 versions
+    .venv/bin/python benchmarks/weight_pull.py --adam-lr 1e-5 --baseline-src ../main/src
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -39,7 +46,7 @@ from astraflow.weights.tensors import bits
 State = dict[str, torch.Tensor]
 
 
-def make_store(root: Path, params: int, versions: int) -> list[State]:
+def make_store(root: Path, params: int, versions: int) -> None:
     """Publish ``versions`` + 1 versions (full + delta each) of a synthetic bf16 model."""
     rng = np.random.default_rng(0)
     shapes = {
@@ -60,7 +67,6 @@ def make_store(root: Path, params: int, versions: int) -> list[State]:
                 flat[idx] += np.uint16(1)
             store.publish("bench", v, nxt).result()
             states.append(nxt)
-    return states
 
 
 @contextmanager
@@ -88,23 +94,57 @@ def server(root: Path, host: str, port: int, prefix: list[str]) -> Iterator[str]
             proc.kill()
 
 
-def run_link(name: str, url: str, states: list[State], streams: int) -> None:
-    versions = len(states) - 1
+def run_link(name: str, url: str, policy: str, root: Path, streams: int) -> list[dict[str, float]]:
+    """Per version after the first: a full pull into empty tensors, then a delta pull from the
+    version before; seconds and client CPU seconds of each (bit-exactness asserted)."""
+    try:
+        from astraflow.weights import kernels  # compiled once per process, before timing
+
+        kernels.warm(wait=True)
+    except ImportError:  # a baseline checkout without them
+        pass
     print(f"\n{name}  ({url}, {streams} range streams per large file)")
-    print(
-        f"  {'version':>7}{'full MB':>9}{'full s':>8}{'delta MB':>10}{'delta s':>9}{'speedup':>9}"
-    )
+    print(f"  {'version':>7}{'full MB':>9}{'full s':>8}{'delta MB':>10}{'delta s':>9}"
+          f"{'speedup':>9}{'delta CPU ms':>14}")  # fmt: skip
+    local = WeightClient(root)
+    versions = sorted(int(p.parent.name[1:]) for p in (root / policy).glob("v*/manifest.json"))
+    rows = []
     with WeightClient(url, streams=streams, timeout_s=600) as client:
-        node = {k: torch.empty_like(t) for k, t in states[0].items()}
-        client.pull("bench", node, have=None, want=0)
-        for v in range(1, versions + 1):
-            scratch = {k: torch.empty_like(t) for k, t in states[0].items()}
-            full = client.pull("bench", scratch, have=None, want=v)
-            delta = client.pull("bench", node, have=v - 1, want=v)
+        for v in versions[1:]:
+            node, want = local.load(policy, v - 1), local.load(policy, v)
+            scratch = {k: torch.empty_like(t) for k, t in node.items()}
+            full = client.pull(policy, scratch, have=None, want=v)
+            cpu = time.process_time()
+            delta = client.pull(policy, node, have=v - 1, want=v)
+            cpu = time.process_time() - cpu
             assert delta.path == "chain" and full.path == "full"
-            assert all(torch.equal(bits_t(node[k]), bits_t(states[v][k])) for k in node)
+            assert all(torch.equal(bits_t(node[k]), bits_t(want[k])) for k in node)
+            rows.append({"version": v, "full_s": full.seconds, "delta_s": delta.seconds,
+                         "delta_cpu_s": cpu})  # fmt: skip
+            speedup = full.seconds / delta.seconds
             print(f"  {v:>7}{full.bytes / 1e6:>9.1f}{full.seconds:>8.2f}{delta.bytes / 1e6:>10.2f}"
-                  f"{delta.seconds:>9.2f}{full.seconds / delta.seconds:>8.1f}x")  # fmt: skip
+                  f"{delta.seconds:>9.3f}{speedup:>8.1f}x{1000 * cpu:>14.0f}")  # fmt: skip
+    local.close()
+    cpus = sorted(r["delta_cpu_s"] for r in rows)
+    print(f"  client CPU per delta pull: median {1000 * cpus[len(cpus) // 2]:.0f} ms")
+    return rows
+
+
+def baseline(src: str, url: str, policy: str, root: Path, streams: int) -> list[dict[str, float]]:
+    """``run_link`` on loopback with the client of another checkout (``src`` first on the
+    path), in a child process."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    code = ("import json, sys, pathlib; sys.path.insert(0, sys.argv[1]); import weight_pull; "
+            "rows = weight_pull.run_link('baseline client (' + sys.argv[2] + ')', sys.argv[3], "
+            "sys.argv[4], pathlib.Path(sys.argv[5]), int(sys.argv[6])); "
+            "print('ROWS ' + json.dumps(rows))")  # fmt: skip
+    here = str(Path(__file__).resolve().parent)
+    cmd = [sys.executable, "-c", code, here, src, url, policy, str(root), str(streams)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    out = [line for line in done.stdout.splitlines() if not line.startswith("ROWS ")]
+    print("\n".join(out))
+    rows: list[dict[str, float]] = json.loads(done.stdout.split("ROWS ", 1)[1])
+    return rows
 
 
 def free_port() -> int:
@@ -180,6 +220,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="5M parameters, 2 versions")
     parser.add_argument("--params", type=int, default=None, help="model size (default 34M)")
     parser.add_argument("--versions", type=int, default=None, help="delta versions (default 4)")
+    parser.add_argument("--adam-lr", type=float, default=None,
+                        help="33.6M-param Adam steps at this lr (not synthetic)")  # fmt: skip
+    parser.add_argument("--baseline-src", default=None,
+                        help="also pull on loopback with this source tree's client")  # fmt: skip
     parser.add_argument("--streams", type=int, default=4, help="range streams per large file")
     parser.add_argument("--rtt-ms", type=float, default=300.0, help="shaped link round trip")
     parser.add_argument("--rate-mbit", type=float, default=200.0, help="shaped link bandwidth")
@@ -187,11 +231,18 @@ def main() -> None:
     params = args.params or (5_000_000 if args.quick else 34_000_000)
     versions = args.versions or (2 if args.quick else 4)
     root = Path(tempfile.mkdtemp(prefix="weight-pull-"))
+    policy = "bench"
     try:
         started = time.perf_counter()
-        states = make_store(root, params, versions)
+        if args.adam_lr is not None:
+            from cross_region import adam_store
+
+            policy = "policy"
+            _, params = adam_store(root, args.adam_lr, versions)
+        else:
+            make_store(root, params, versions)
         sizes = [
-            (root / "bench" / f"v{v:08d}" / f).stat().st_size
+            (root / policy / f"v{v:08d}" / f).stat().st_size
             for v in (1,)
             for f in (FULL_FILE, DELTA_FILE)
         ]
@@ -201,7 +252,14 @@ def main() -> None:
             f"({100 * sizes[1] / sizes[0]:.2f}%), built in {time.perf_counter() - started:.1f} s"
         )
         with server(root, "127.0.0.1", free_port(), []) as url:
-            run_link("loopback", url, states, args.streams)
+            rows = run_link("loopback", url, policy, root, args.streams)
+            if args.baseline_src:
+                base = baseline(args.baseline_src, url, policy, root, args.streams)
+                ratio = [
+                    b["delta_cpu_s"] / r["delta_cpu_s"] for b, r in zip(base, rows, strict=True)
+                ]
+                print("\nclient CPU per delta pull, baseline / this checkout: "
+                      + ", ".join(f"{x:.1f}x" for x in ratio))  # fmt: skip
         reason = netns_available()
         if reason is not None:
             print(f"\nshaped link: skipped ({reason})")
@@ -213,7 +271,7 @@ def main() -> None:
                      "kernel has no netem qdisc")  # fmt: skip
         shaped = shaped_namespace(args.rtt_ms, args.rate_mbit, delay_ok)
         with shaped as (prefix, host), server(root, host, 8020, prefix) as url:
-            run_link(title, url, states, args.streams)
+            run_link(title, url, policy, root, args.streams)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
