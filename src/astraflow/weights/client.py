@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import shutil
 import tempfile
 import threading
@@ -535,28 +536,32 @@ class _Early:
         one before the pull commits)."""
         self.keys: dict[tuple[object, ...], str] = {}
         """The storages changed in place, with their checksum (tied names share one)."""
+        self.stopped = False
+        """The streamed changes stopped (one failed or did not verify)."""
         self.verified = False
 
-    def apply(
+    def prepare(
         self, entry: TensorEntry, blob: bytes, t: torch.Tensor | None, in_place: bool
-    ) -> bool:
-        """Change ``t`` in place by ``entry``'s ``blob`` and checksum it; a tensor that cannot
-        be changed in place (not on the CPU, on disk) gets its change decoded only. False when
-        the tensor did not end at its published checksum."""
+    ) -> tuple[TensorEntry, torch.Tensor, kernels.Prepared] | None:
+        """Parse ``entry``'s ``blob`` for an in-place change of ``t`` (``apply`` does it); a
+        tensor that cannot be changed in place (not on the CPU, on disk) gets its change
+        decoded only (None then, as for a tensor without a change)."""
         if t is None or entry.encoding is None or entry.encoding == "same":
-            return True
-        cpu = t.device.type == "cpu" and t.is_contiguous()
-        fits = dtype_name(t.dtype) == entry.dtype and tuple(t.shape) == entry.shape
-        if not fits:
-            return True  # the pull refuses it (_check_targets)
-        if not (in_place and cpu):
-            self.decoded[entry.name] = codec.decode(
-                entry.encoding, blob, entry.numel, dtype_itemsize(entry.dtype)
-            )
-            return True
+            return None
+        if dtype_name(t.dtype) != entry.dtype or tuple(t.shape) != entry.shape:
+            return None  # the pull refuses it (_check_targets)
+        itemsize = dtype_itemsize(entry.dtype)
+        if not (in_place and t.device.type == "cpu" and t.is_contiguous()):
+            self.decoded[entry.name] = codec.decode(entry.encoding, blob, entry.numel, itemsize)
+            return None
+        return entry, t, kernels.prepare(entry.encoding, blob, entry.numel, itemsize)
+
+    def apply(self, entry: TensorEntry, t: torch.Tensor, prepared: kernels.Prepared) -> bool:
+        """Change ``t`` in place (journaled) and checksum it; False when it did not end at
+        its published checksum."""
         key = _storage_key(t)
         if key not in self.keys:  # tied weights: one storage under two names, changed once
-            self.journal.apply(t, blob=(entry.encoding, blob))
+            self.journal.apply(t, prepared=prepared)
             self.keys[key] = tensor_checksum(bits(t).data)
         self.sums[entry.name] = self.keys[key]
         return self.sums[entry.name] == entry.checksum
@@ -683,9 +688,11 @@ class _Ahead:
         return early
 
     def _decode_stream(self, stream: _Stream, early: _Early) -> None:
-        """Apply each tensor's change of the streamed delta, in file order, once its bytes are
-        in (after the manifest says where they lie). Stops at the first tensor that does not
-        decode or verify: what is left is done from the verified file, or refused."""
+        """Prepare each tensor's change of the streamed delta (decompress, check), in file
+        order, once its bytes are in (after the manifest says where they lie), for a second
+        thread that applies it (``_apply_stream``): the two work on successive tensors at
+        once. Stops at the first tensor that does not decode or verify: what is left is
+        done from the verified file, or refused."""
         try:
             manifest = self._manifests[self.want].result()
         except Exception:  # the pull raises it itself
@@ -693,16 +700,43 @@ class _Ahead:
         if manifest.base != self._base_version:
             return  # not the delta this pull needs: kept as bytes only
         in_place = not isinstance(self._tensors, SafetensorsFile)
-        for entry in sorted(manifest.tensors, key=lambda e: e.offset):
-            piece = stream.read(entry.offset, entry.offset + entry.length)
-            if piece is None or self._stop.is_set():
-                return
+        jobs: queue.Queue[tuple[TensorEntry, torch.Tensor, kernels.Prepared] | None]
+        jobs = queue.Queue(maxsize=4)
+        applier = threading.Thread(
+            target=self._apply_stream, args=(jobs, early), name="weights-apply", daemon=True
+        )
+        applier.start()
+        try:
+            for entry in sorted(manifest.tensors, key=lambda e: e.offset):
+                piece = stream.read(entry.offset, entry.offset + entry.length)
+                if piece is None or self._stop.is_set() or early.stopped:
+                    return
+                try:
+                    job = early.prepare(entry, piece, self._tensors.get(entry.name), in_place)
+                except Exception as exc:  # done again (or refused) from the verified file
+                    logger.debug("streamed delta stopped at tensor %r: %r", entry.name, exc)
+                    return
+                if job is not None:
+                    jobs.put(job)
+        finally:
+            jobs.put(None)
+            applier.join()
+
+    @staticmethod
+    def _apply_stream(
+        jobs: queue.Queue[tuple[TensorEntry, torch.Tensor, kernels.Prepared] | None],
+        early: _Early,
+    ) -> None:
+        """Apply the prepared changes in order; after the first that fails or does not verify,
+        only drain the queue."""
+        while (job := jobs.get()) is not None:
+            if early.stopped:
+                continue
             try:
-                if not early.apply(entry, piece, self._tensors.get(entry.name), in_place):
-                    return  # off its checksum: the pull stops on it
+                early.stopped = not early.apply(*job)  # off its checksum: the pull stops on it
             except Exception as exc:  # done again (or refused) from the verified file
-                logger.debug("streamed delta stopped at tensor %r: %r", entry.name, exc)
-                return
+                logger.debug("streamed delta stopped at tensor %r: %r", job[0].name, exc)
+                early.stopped = True
 
     def delta(self, version: int) -> _Early | None:
         """``version``'s delta file if it was read ahead and arrived (else None: fetch it)."""

@@ -34,24 +34,22 @@ class Journal:
         self,
         t: torch.Tensor,
         *,
-        blob: tuple[str, bytes | memoryview] | None = None,
+        prepared: kernels.Prepared | None = None,
         change: codec.TensorDelta | None = None,
     ) -> None:
-        """Change ``t`` in place by an encoded ``blob`` (``(encoding, bytes)``; a contiguous
-        CPU tensor) or a decoded ``change`` (any device). A change that fails (a malformed
-        blob: ``ChecksumError``) leaves ``t`` as it was and is not recorded."""
-        if blob is not None:
-            encoding, data = blob
-            if encoding == "same":
+        """Change ``t`` in place by a ``prepared`` change (``kernels.prepare``; a contiguous
+        CPU tensor) or a decoded ``change`` (any device)."""
+        if prepared is not None:
+            if prepared.encoding == "same":
                 return
             flat = bits(t)
-            if encoding == "raw":
+            if prepared.encoding == "raw":
                 old = flat.copy()
-                kernels.apply_blob(encoding, data, flat)
+                kernels.apply_prepared(prepared, flat)
                 self._undo.append(functools.partial(np.copyto, flat, old))
                 return
-            kernels.apply_blob(encoding, data, flat)
-            undo = functools.partial(kernels.apply_blob, encoding, data, flat, undo=True)
+            kernels.apply_prepared(prepared, flat)
+            undo = functools.partial(kernels.apply_prepared, prepared, flat, undo=True)
             self._undo.append(undo)
             return
         assert change is not None

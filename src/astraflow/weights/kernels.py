@@ -3,13 +3,14 @@
 The codec (``delta.py``) turns a blob into arrays of positions and differences, which ``apply``
 then scatters: a dozen numpy passes over the changed elements (about 17 ns a change in all;
 0.2 s of CPU for the 7M changes of one lr-1e-5 Adam step of a 33.6M-parameter bf16 model).
-Here a ``joint`` or ``dense`` blob is walked once by a loop compiled with numba, each change
-added to the tensor as soon as it is read (about 4 ns a change, decompression included).
+Here a ``joint`` or ``dense`` blob is decompressed and checked (:func:`prepare`), then walked
+once by a loop compiled with numba (:func:`apply_prepared`), each change added to the tensor
+as it is read (about 3 ns a change, mostly the tensor's memory, plus 1.3 ns decompressing).
 
 ``undo=True`` subtracts the differences instead: integer arithmetic wraps, so undoing the
-blobs applied, newest first, gives back the old bits exactly (a pull's journal). A blob that
-does not decode (an escape or a position out of range) raises ``ChecksumError`` and leaves the
-tensor as it was: the loop checks the streams before its first change.
+changes applied, newest first, gives back the old bits exactly (a pull's journal). A blob that
+does not decode (an escape or a position out of range) raises ``ChecksumError`` in
+``prepare``, before anything is written.
 
 numba is optional. Without it, and for the other encodings, the blob goes through
 ``decode`` + ``apply`` (same result, slower). The loops are compiled on first use, in a
@@ -23,15 +24,16 @@ import logging
 import struct
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import zstandard
 
-from astraflow.errors import ChecksumError
+from astraflow.errors import ChecksumError, ValidationError
 from astraflow.weights import delta as codec
 
-__all__ = ["apply_blob", "fused", "warm"]
+__all__ = ["Prepared", "apply_blob", "apply_prepared", "fused", "prepare", "warm"]
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +52,11 @@ def _compile() -> dict[str, Callable[..., int]]:
         flat = np.zeros(4, dtype)
         byte = _readonly(np.zeros(1, np.uint8))
         lut = np.arange(1, 17, dtype=dtype)
-        loops.joint(byte, byte, np.zeros(0, np.int64), lut, np.zeros(0, dtype), flat, 0)
+        empty = np.zeros(0, np.int64)
+        loops.joint_valid(byte, empty, np.zeros(0, dtype), 4)
+        loops.joint(byte, byte, empty, lut, np.zeros(0, dtype), flat, 0)
         loops.dense(_readonly(np.zeros((flat.itemsize, 4), np.uint8)), flat, 0)
-    return {"joint": loops.joint, "dense": loops.dense}
+    return {"joint": loops.joint, "joint_valid": loops.joint_valid, "dense": loops.dense}
 
 
 def _readonly(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -93,33 +97,67 @@ def fused() -> dict[str, Callable[..., int]] | None:
     return kernels
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """One tensor's change, parsed and checked, ready to be applied (and undone) in place:
+    the streams the compiled loop walks, or (numpy path) the decoded change."""
+
+    encoding: str
+    numel: int
+    dtype: np.dtype[Any]
+    change: codec.TensorDelta | None = None
+    loop: Callable[..., int] | None = None
+    arrays: tuple[np.ndarray[Any, Any], ...] = ()
+
+
+def prepare(encoding: str, blob: bytes | memoryview, numel: int, itemsize: int) -> Prepared:
+    """Decompress and check ``blob`` (the change of a tensor of ``numel`` elements of
+    ``itemsize`` bytes); ``ChecksumError`` when it is malformed. Nothing is written."""
+    dtype = codec.uint_dtype(itemsize)
+    kernels = fused()
+    fast = encoding in ("joint", "dense") and dtype.type in _DTYPES and numel > 0
+    if kernels is None or not fast:
+        return Prepared(
+            encoding, numel, dtype, change=codec.decode(encoding, blob, numel, itemsize)
+        )
+    arrays: tuple[np.ndarray[Any, Any], ...]
+    try:
+        if encoding == "joint":
+            parts = codec.joint_parts(blob, dtype)
+            gaps = parts.gaps.view(np.int64)  # one past 2**63 reads negative: refused
+            sizes = parts.sizes + dtype.type(1)  # |diff|, wrapping for 2**bits - 1
+            if not kernels["joint_valid"](parts.symbols, gaps, sizes, numel):
+                raise ValueError("an escape or position out of range")
+            lut = np.arange(1, 17, dtype=dtype)
+            arrays = (_readonly(parts.symbols), _readonly(parts.signs), gaps, lut, sizes)
+        else:
+            data = zstandard.ZstdDecompressor().decompress(blob)
+            if len(data) != numel * itemsize:
+                raise ValueError(f"dense blob holds {len(data)} bytes, not {numel} elements")
+            arrays = (_readonly(np.frombuffer(data, np.uint8).reshape(itemsize, numel)),)
+    except (zstandard.ZstdError, struct.error, ValueError) as exc:
+        raise ChecksumError(f"malformed {encoding} delta blob: {exc}") from exc
+    return Prepared(encoding, numel, dtype, loop=kernels[encoding], arrays=arrays)
+
+
+def apply_prepared(prepared: Prepared, flat: codec.UIntArray, *, undo: bool = False) -> None:
+    """Apply (``undo``: take back) a prepared change to the flat unsigned view ``flat``."""
+    if flat.size != prepared.numel or flat.dtype != prepared.dtype:
+        raise ValidationError(
+            f"a change of {prepared.numel} {prepared.dtype} elements does not fit "
+            f"{flat.size} {flat.dtype} elements"
+        )
+    if prepared.loop is None:
+        assert prepared.change is not None
+        codec.apply(flat, codec.negated(prepared.change) if undo else prepared.change)
+    else:
+        prepared.loop(*prepared.arrays, flat, int(undo))
+
+
 def apply_blob(
     encoding: str, blob: bytes | memoryview, flat: codec.UIntArray, *, undo: bool = False
 ) -> None:
     """Apply (``undo``: take back) the change ``blob`` encodes to the flat unsigned view
     ``flat`` in place. ``ChecksumError`` when the blob is malformed, the view unchanged."""
-    kernels = fused()
-    fast = encoding in ("joint", "dense") and flat.dtype.type in _DTYPES and flat.size > 0
-    if kernels is None or not fast:
-        change = codec.decode(encoding, blob, int(flat.size), flat.dtype.itemsize)
-        codec.apply(flat, codec.negated(change) if undo else change)
-        return
-    numel, dtype = int(flat.size), flat.dtype
-    try:
-        if encoding == "joint":
-            parts = codec.joint_parts(blob, dtype)
-            lut = np.arange(1, 17, dtype=dtype)
-            sizes = parts.sizes + dtype.type(1)  # |diff|, wrapping for 2**bits - 1
-            symbols, signs = _readonly(parts.symbols), _readonly(parts.signs)
-            gaps = parts.gaps.view(np.int64)  # one past 2**63 reads negative: refused
-            rc = kernels["joint"](symbols, signs, gaps, lut, sizes, flat, int(undo))
-        else:
-            data = zstandard.ZstdDecompressor().decompress(blob)
-            if len(data) != numel * dtype.itemsize:
-                raise ValueError(f"dense blob holds {len(data)} bytes, not {numel} elements")
-            planes = _readonly(np.frombuffer(data, np.uint8).reshape(dtype.itemsize, numel))
-            rc = kernels["dense"](planes, flat, int(undo))
-    except (zstandard.ZstdError, struct.error, ValueError) as exc:
-        raise ChecksumError(f"malformed {encoding} delta blob: {exc}") from exc
-    if rc != 0:
-        raise ChecksumError(f"malformed {encoding} delta blob: an escape or position out of range")
+    prepared = prepare(encoding, blob, int(flat.size), flat.dtype.itemsize)
+    apply_prepared(prepared, flat, undo=undo)

@@ -43,9 +43,7 @@ def joint_valid(symbols: Any, gaps: Any, sizes: Any, numel: int) -> bool:
 def joint(symbols: Any, signs: Any, gaps: Any, lut: Any, sizes: Any, flat: Any, flip: int) -> int:
     """Apply a ``joint`` blob's changes (symbols: gap and ``|diff| - 1`` nibbles; signs: packed
     bits; gaps: escaped gaps as int64; lut: ``|diff|`` of each nibble; sizes: escaped
-    ``|diff|``). 0, or -1 when malformed: checked first, ``flat`` then untouched."""
-    if not joint_valid(symbols, gaps, sizes, flat.size):
-        return -1
+    ``|diff|``), checked by ``joint_valid`` first (``kernels.prepare`` does)."""
     pos = -1
     gi = 0
     si = 0

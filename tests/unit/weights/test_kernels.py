@@ -57,8 +57,8 @@ def test_blob_applies_bit_exact_and_undoes_exactly(
 
 
 def test_malformed_blob_changes_nothing(path: str) -> None:
-    """A blob refused partway (its last positions lie past the end of a shorter tensor, found
-    after the first changes were added) leaves the tensor as it was, as do garbled bytes."""
+    """A blob whose last positions lie past the end of a shorter tensor (its first ones fit)
+    is refused before any change, as are garbled bytes: the tensor stays as it was."""
     old, new = _change(np.uint16, 50_000, 0.1, seed=5)
     encoding, blob = codec.encode(codec.diff(old, new), new)
     short = old[:40_000].copy()
@@ -95,7 +95,7 @@ def test_journal_undoes_every_kind_of_change_newest_first() -> None:
         change = codec.diff(flat[i], new)
         encoding, blob = codec.encode(change, new)
         assert encoding == kind
-        journal.apply(tensors[i], blob=(encoding, blob))
+        journal.apply(tensors[i], prepared=kernels.prepare(encoding, blob, new.size, 2))
         journal.apply(tensors[0], change=codec.diff(flat[0], flat[0] + np.uint16(2)))
     assert not torch.equal(tensors[2], before[2])
     assert journal.undo() == 6
