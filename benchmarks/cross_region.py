@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import itertools
 import json
 import multiprocessing
@@ -264,6 +265,10 @@ def replay(run_dir: Path, link: LinkConfig, count: int) -> dict[str, Any]:
     store = run_dir / "weights"
     local = WeightClient(store)
     warm_up_kernels()
+    # this process holds torch, transformers and the model it trained: a full collection of
+    # that heap (0.1-0.3 s, holding the GIL) would land in whichever pull triggers it
+    gc.collect()
+    gc.freeze()
     versions = [v for v in _versions(store) if v - 1 in _versions(store)][-count:]
     rows: list[dict[str, Any]] = []
     with wan_store(store, link) as (wan_url, wan_bytes):
