@@ -15,36 +15,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from astraflow.records import (
-    JSON_MEDIA_TYPE,
-    MSGPACK_MEDIA_TYPE,
-    WIRE_VERSION,
-    AckRequest,
-    AnnounceReply,
-    Batch,
-    DataflowReport,
-    FailReply,
-    FailRequest,
-    HandBackReply,
-    HandBackRequest,
-    LeaseReply,
-    LeaseRequest,
-    MetricPoints,
-    PolicyVersion,
-    PoolSize,
-    PoolSizeRequest,
-    PoolSizes,
-    ReleaseReply,
-    ReleaseRequest,
-    RenewReply,
-    RenewRequest,
-    Role,
-    SubmitManyReply,
-    SubmitManyRequest,
-    SubmitReply,
-    SubmitRequest,
-    TakeBatchRequest,
-)
+from astraflow import records as r
 
 __all__ = ["ENDPOINTS", "Endpoint", "openapi_document"]
 
@@ -59,8 +30,8 @@ class Endpoint:
     """Handler name in the app."""
     method: Literal["GET", "POST"]
     path: str
-    role: Role | None
-    """Role whose token may call it (admin may call all; None: any valid token)."""
+    role: r.Role | None
+    """r.Role whose token may call it (admin may call all; None: any valid token)."""
     request: type[BaseModel] | None
     reply: type[BaseModel] | Literal["versions", "object", "text"] | None
     summary: str
@@ -72,32 +43,33 @@ class Endpoint:
 
 ENDPOINTS: Final[tuple[Endpoint, ...]] = (
     Endpoint("health", "GET", "/v1/health", None, None, "object", "Liveness", public=True),
-    Endpoint("lease", "POST", "/v1/lease", "node", LeaseRequest, LeaseReply, "Lease tasks"),
-    Endpoint("renew", "POST", "/v1/renew", "node", RenewRequest, RenewReply, "Renew leases"),
-    Endpoint("submit", "POST", "/v1/submit", "node", SubmitRequest, SubmitReply,
+    Endpoint("lease", "POST", "/v1/lease", "node", r.LeaseRequest, r.LeaseReply, "Lease tasks"),
+    Endpoint("renew", "POST", "/v1/renew", "node", r.RenewRequest, r.RenewReply, "Renew leases"),
+    Endpoint("submit", "POST", "/v1/submit", "node", r.SubmitRequest, r.SubmitReply,
              "Submit a task's samples (idempotent on task_id, attempt)"),
-    Endpoint("submit_many", "POST", "/v1/submit/many", "node", SubmitManyRequest,
-             SubmitManyReply, "Submit several tasks' samples, each as by /v1/submit (one "
+    Endpoint("submit_many", "POST", "/v1/submit/many", "node", r.SubmitManyRequest,
+             r.SubmitManyReply, "Submit several tasks' samples, each as by /v1/submit (one "
              "outcome each, in order: its reply or its error)"),
-    Endpoint("fail", "POST", "/v1/fail", "node", FailRequest, FailReply, "Report a failed task"),
-    Endpoint("release", "POST", "/v1/release", "node", ReleaseRequest, ReleaseReply,
+    Endpoint("fail", "POST", "/v1/fail", "node", r.FailRequest, r.FailReply,
+             "Report a failed task"),
+    Endpoint("release", "POST", "/v1/release", "node", r.ReleaseRequest, r.ReleaseReply,
              "Hand leases back"),
-    Endpoint("take", "POST", "/v1/batches/take", "trainer", TakeBatchRequest, Batch,
+    Endpoint("take", "POST", "/v1/batches/take", "trainer", r.TakeBatchRequest, r.Batch,
              "Long-poll for a batch (msgpack; 204 when the wait timed out)", msgpack_reply=True),
-    Endpoint("ack", "POST", "/v1/batches/ack", "trainer", AckRequest, "object", "Ack a batch"),
-    Endpoint("hand_back", "POST", "/v1/batches/release", "trainer", HandBackRequest,
-             HandBackReply, "Give back the batches a stopping trainer took and will not "
+    Endpoint("ack", "POST", "/v1/batches/ack", "trainer", r.AckRequest, "object", "Ack a batch"),
+    Endpoint("hand_back", "POST", "/v1/batches/release", "trainer", r.HandBackRequest,
+             r.HandBackReply, "Give back the batches a stopping trainer took and will not "
              "train (buffered again at once; its waiting takes end)"),
-    Endpoint("announce", "POST", "/v1/versions", "trainer", PolicyVersion, AnnounceReply,
+    Endpoint("announce", "POST", "/v1/versions", "trainer", r.PolicyVersion, r.AnnounceReply,
              "Announce a published policy version"),
     Endpoint("versions", "GET", "/v1/versions", None, None, "versions", "Latest versions"),
-    Endpoint("report", "GET", "/v1/report", None, None, DataflowReport, "The pool report"),
-    Endpoint("pool_sizes", "GET", "/v1/admin/pools", "admin", None, PoolSizes,
+    Endpoint("report", "GET", "/v1/report", None, None, r.DataflowReport, "The pool report"),
+    Endpoint("pool_sizes", "GET", "/v1/admin/pools", "admin", None, r.PoolSizes,
              "Desired, observed and target node counts per pool"),
-    Endpoint("set_pool_size", "POST", "/v1/admin/pools", "admin", PoolSizeRequest, PoolSize,
+    Endpoint("set_pool_size", "POST", "/v1/admin/pools", "admin", r.PoolSizeRequest, r.PoolSize,
              "Set a pool's desired node count"),
     Endpoint("metrics", "GET", "/metrics", None, None, "text", "The report as Prometheus text"),
-    Endpoint("post_metrics", "POST", "/v1/admin/metrics", "admin", MetricPoints, "object",
+    Endpoint("post_metrics", "POST", "/v1/admin/metrics", "admin", r.MetricPoints, "object",
              "Metric points the dashboard plots beside the report (held-out accuracy ...)"),
 )  # fmt: skip
 
@@ -131,7 +103,7 @@ _STATUSES: Final = {
 
 def _reply_schema(ep: Endpoint, refs: Mapping[type[BaseModel], dict[str, Any]]) -> Any:
     if ep.reply == "versions":
-        return {"type": "object", "additionalProperties": refs[PolicyVersion]}
+        return {"type": "object", "additionalProperties": refs[r.PolicyVersion]}
     if ep.reply == "object":
         return {"type": "object"}
     if ep.reply == "text":
@@ -141,14 +113,14 @@ def _reply_schema(ep: Endpoint, refs: Mapping[type[BaseModel], dict[str, Any]]) 
 
 
 def _operation(ep: Endpoint, refs: Mapping[type[BaseModel], dict[str, Any]]) -> dict[str, Any]:
-    media = "text/plain" if ep.reply == "text" else JSON_MEDIA_TYPE
-    media = MSGPACK_MEDIA_TYPE if ep.msgpack_reply else media
+    media = "text/plain" if ep.reply == "text" else r.JSON_MEDIA_TYPE
+    media = r.MSGPACK_MEDIA_TYPE if ep.msgpack_reply else media
     responses: dict[str, Any] = {
         "200": {"description": "OK", "content": {media: {"schema": _reply_schema(ep, refs)}}}
     }
     if ep.msgpack_reply:
         responses["204"] = {"description": "Nothing to serve within the timeout"}
-    error = {"content": {JSON_MEDIA_TYPE: {"schema": {"$ref": _REF.format(model="Error")}}}}
+    error = {"content": {r.JSON_MEDIA_TYPE: {"schema": {"$ref": _REF.format(model="Error")}}}}
     for status, text in _STATUSES.items():
         if ep.request is not None or status in ("401", "403", "503"):
             responses[status] = {"description": text, **error}
@@ -162,7 +134,7 @@ def _operation(ep: Endpoint, refs: Mapping[type[BaseModel], dict[str, Any]]) -> 
         op["security"] = []
     if ep.request is not None:
         schema = refs[ep.request]
-        content = {JSON_MEDIA_TYPE: {"schema": schema}, MSGPACK_MEDIA_TYPE: {"schema": schema}}
+        content = {r.JSON_MEDIA_TYPE: {"schema": schema}, r.MSGPACK_MEDIA_TYPE: {"schema": schema}}
         op["requestBody"] = {"required": True, "content": content}
     return op
 
@@ -171,7 +143,7 @@ def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of the ``/v1`` API, from :data:`ENDPOINTS` and the records."""
     models = sorted(
         {m for ep in ENDPOINTS for m in (ep.request, ep.reply) if isinstance(m, type)}
-        | {PolicyVersion},
+        | {r.PolicyVersion},
         key=lambda m: m.__name__,
     )
     keyed, top = models_json_schema(
@@ -184,7 +156,7 @@ def openapi_document() -> dict[str, Any]:
         paths.setdefault(ep.path, {})[ep.method.lower()] = _operation(ep, refs)
     return {
         "openapi": "3.1.0",
-        "info": {"title": "astraflow dataflow service", "version": WIRE_VERSION},
+        "info": {"title": "astraflow dataflow service", "version": r.WIRE_VERSION},
         "paths": paths,
         "components": {
             "schemas": schemas,
