@@ -35,6 +35,7 @@ import itertools
 import json
 import multiprocessing
 import re
+import shutil
 import statistics
 import threading
 import time
@@ -512,6 +513,7 @@ def large_transfer(
     iteration T (or T given: the link of another machine's speed), the link scaled from T as
     in the runs, then replayed."""
     root = out / "large"
+    shutil.rmtree(root, ignore_errors=True)  # a store of an earlier run would refuse version 0
     t, params = adam_store(root / "weights", lr, versions)
     if iteration_s is not None:
         print(f"large: step measured {t:.2f} s; the link is scaled for T = {iteration_s} s")
