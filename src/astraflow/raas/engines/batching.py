@@ -249,6 +249,10 @@ class BatchingEngine(abc.ABC):
     def _run_safely(self, batch: list[Pending]) -> None:
         try:
             self._run_batch(batch)
+            unanswered = [j for j in batch if not j.future.done()]
+            if unanswered:  # a bug in the engine: fail its callers rather than leave them hanging
+                raise RuntimeError(f"the engine ended a batch without answering {len(unanswered)}"
+                                   f" of its {len(batch)} requests")  # fmt: skip
         except AstraflowError as exc:  # expected (no weights yet, closed): the callers see it
             log.warning("engine batch refused policy=%s size=%d: %s", self._name, len(batch), exc)
             for job in batch:

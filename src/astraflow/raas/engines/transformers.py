@@ -258,14 +258,10 @@ class TransformersEngine(BatchingEngine):
 
         def join(decoding: int) -> list[DecodedRow]:
             jobs = self._more(self._max_batch - decoding)
-            batch.extend(jobs)  # a failure of the batch fails them too
-            rows = rows_of(self._admit(jobs, vocab, context_len))
-            every.extend(rows)
-            return rows
+            batch.extend(jobs)  # the batch's end answers what its rows did not
+            return rows_of(self._admit(jobs, vocab, context_len))
 
-        every = rows_of(admitted)
         joined = join if self.config.continuous else None
-        self._decoder.run(list(every), abort=self._closed.is_set, join=joined, on_done=finished)
-        for row in every:  # every row was answered as it finished; this only guards that
-            if id(row) in owner:
-                finished(row)
+        self._decoder.run(
+            rows_of(admitted), abort=self._closed.is_set, join=joined, on_done=finished
+        )
