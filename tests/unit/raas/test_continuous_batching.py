@@ -11,12 +11,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from astraflow.raas.engines.base import EngineOutput, GenerationRequest
 from astraflow.raas.engines.batching import Pending, _Control
 from astraflow.raas.engines.transformers import TransformersEngine
-from fixtures.raas import recompute_logprobs, tiny_engine
+from fixtures.raas import assert_exact_logprobs, tiny_engine
 
 
 def _prompt(engine: TransformersEngine, text: str) -> tuple[int, ...]:
@@ -71,13 +69,7 @@ async def test_requests_queued_mid_batch_join_it_with_exact_logprobs(tmp_path: P
         assert engine.metrics()["batches"] == 1, "the late requests ran in a batch of their own"
         assert order == ["late"] * 4 + ["long"] * 2, "joined rows waited for the batch's end"
         for request, out in zip(long + late, outputs, strict=True):
-            ref = recompute_logprobs(
-                engine.model,
-                request.prompt_ids,
-                out.token_ids.tolist(),
-                request.logprob_temperature,
-            )
-            np.testing.assert_allclose(out.logprobs, ref, atol=2e-5)
+            assert_exact_logprobs(engine.model, request, out)
         assert [len(o.token_ids) for o in outputs[:2]] == [40, 40]
         assert len(outputs[3].token_ids) == 3
         for request, out in zip(late, outputs[2:], strict=True):  # as if decoded alone

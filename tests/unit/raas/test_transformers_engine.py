@@ -14,7 +14,7 @@ from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_
 from astraflow.raas.engines.transformers import TransformersEngine
 from astraflow.weights import WeightClient
 from fixtures.models import tiny_spec
-from fixtures.raas import PolicyStore, recompute_logprobs, tiny_engine
+from fixtures.raas import PolicyStore, assert_exact_logprobs, recompute_logprobs, tiny_engine
 
 
 def _prompt(engine: TransformersEngine, text: str) -> tuple[int, ...]:
@@ -31,13 +31,7 @@ async def test_logprobs_match_a_recomputation_by_the_model(tmp_path: Path) -> No
         outputs = await engine.generate(requests)
         for request, out in zip(requests, outputs, strict=True):
             assert out.version == 0 and len(out.token_ids) == len(out.logprobs) >= 1
-            ref = recompute_logprobs(
-                engine.model,
-                request.prompt_ids,
-                out.token_ids.tolist(),
-                request.logprob_temperature,
-            )
-            np.testing.assert_allclose(out.logprobs, ref, atol=2e-5)
+            assert_exact_logprobs(engine.model, request, out)
             eos = engine.context.tokenizer.eos_token_id
             ended_by_eos = int(out.token_ids[-1]) == eos
             assert out.finish_reason == ("stop" if ended_by_eos else "length")
