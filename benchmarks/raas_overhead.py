@@ -295,16 +295,24 @@ async def run_node(
         proc.wait(30)
 
 
-ENDPOINT_PATHS = ("direct", "in_process", "loopback")
+ENDPOINT_PATHS = ("direct", "in_process", "loopback", "worker")
+#: Free-running measurements per ``--repeats`` (each is one figure, not ``rounds``).
+FREE_RUNS = 3
 #: Engine batching of the endpoint table (every row): a gap wide enough for calls that
 #: trickle in on a loaded 2-core machine.
 ENDPOINT_BATCHING = {"batch_wait_ms": 20.0, "batch_gap_ms": 100.0, "batch_max_wait_ms": 1000.0}
 
 
 async def run_endpoint_pair(
-    root: Path, args: argparse.Namespace, engine_cfg: dict[str, Any], fixed: int | None = None
+    root: Path,
+    args: argparse.Namespace,
+    engine_cfg: dict[str, Any],
+    fixed: int | None = None,
+    free: bool = False,
 ) -> dict[str, dict[str, float]]:
-    """Direct ``PolicyHandle.generate`` vs the agent endpoint, same policy, prompts, seeds.
+    """Direct ``PolicyHandle.generate`` vs the agent endpoint, same policy, prompts, seeds;
+    in lockstep rounds (every agent's call of round r, then round r + 1) or ``free``-running
+    (each agent's calls back to back; one figure per repeat).
 
     The endpoint rows reach it as the ``agent`` workflow's SDK clients do: one
     ``openai.AsyncOpenAI`` per episode sharing the node's HTTP client (in process, the
@@ -318,6 +326,7 @@ async def run_endpoint_pair(
     from astraflow.raas.policy import NodePolicy
     from astraflow.weights import WeightClient
     from astraflow.workflows.agent import AgentConfig, AgentSession
+    from astraflow.workflows.agent_worker import AgentWorkers, WorkerSpec
     from astraflow.workflows.api import SamplingParams
     from astraflow.workflows.chat_format import ChatFormat
 
@@ -354,9 +363,30 @@ async def run_endpoint_pair(
         )
         return int(reply.usage.completion_tokens)
 
+    # the agent workflow with ``workers: 2``: the same call made by an agent in a worker
+    # process, through the workflow's own worker pool
+    workers = AgentWorkers(WorkerSpec("raas_overhead:one_call", 600.0), 2)
+
+    async def via_worker(i: int, session: Any) -> int:
+        call = {"messages": chats[i], "max_tokens": budget, "seed": 1234 + i, "extra": extra}
+        result = await workers.run(
+            call,
+            base_url=session.base_url,
+            api_key=session.api_key,
+            client="openai",
+            extra={},
+            tools=None,
+        )
+        return int(result["tokens"])
+
+    calls = {"direct": direct, "in_process": via_endpoint, "loopback": via_endpoint}
+    calls["worker"] = via_worker
+
     def sdk_clients(path: str) -> list[Any]:
         if path == "direct":
             return [None] * per_round
+        if path == "worker":
+            return list(sessions)
         http = endpoint.http_client(path)  # type: ignore[arg-type]
         return [
             openai.AsyncOpenAI(
@@ -366,17 +396,38 @@ async def run_endpoint_pair(
         ]
 
     async def one_round(path: str, r: int, sdks: list[Any]) -> dict[str, float]:
-        call = direct if path == "direct" else via_endpoint
+        call = calls[path]
         idx = range(r * per_round, (r + 1) * per_round)
         before = policy.engine.metrics()  # type: ignore[attr-defined]
         started, cpu = time.perf_counter(), time.process_time()
         tokens = sum(await asyncio.gather(*(call(i, sdks[i % per_round]) for i in idx)))
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         batches = policy.engine.metrics()["batches"] - before["batches"]  # type: ignore[attr-defined]
-        return {"tokens": tokens, "seconds": elapsed, "cpu": cpu, "batches": batches}
+        return {
+            "tokens": tokens, "seconds": elapsed, "cpu": cpu, "batches": batches,
+            "calls": per_round,
+        }  # fmt: skip
+
+    async def free_run(path: str, sdks: list[Any]) -> dict[str, float]:
+        """Every agent makes its ``rounds`` calls one after the other, no barrier between
+        agents (how agents call: the next turn as soon as the last reply is in)."""
+        call = calls[path]
+
+        async def agent(j: int) -> int:
+            return sum([await call(r * per_round + j, sdks[j]) for r in range(args.rounds)])
+
+        before = policy.engine.metrics()  # type: ignore[attr-defined]
+        started, cpu = time.perf_counter(), time.process_time()
+        tokens = sum(await asyncio.gather(*(agent(j) for j in range(per_round))))
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        batches = policy.engine.metrics()["batches"] - before["batches"]  # type: ignore[attr-defined]
+        return {
+            "tokens": tokens, "seconds": elapsed, "cpu": cpu, "batches": batches,
+            "calls": per_round * args.rounds,
+        }  # fmt: skip
 
     out: dict[str, list[dict[str, float]]] = {k: [] for k in ENDPOINT_PATHS}
-    for _ in range(args.repeats):
+    for _ in range(args.repeats * (FREE_RUNS if free else 1)):
         sessions = [
             endpoint.open(AgentSession("", {"policy": policy}, {"policy": fmt}, config))
             for _ in range(per_round)
@@ -385,18 +436,34 @@ async def run_endpoint_pair(
         for _ in range(2):  # warm-up (connections, lazy imports, first renders): the first
             # measured in-process round still paid a one-time cost after a single warm-up round
             for path in ENDPOINT_PATHS:
-                call = direct if path == "direct" else via_endpoint
+                call = calls[path]
                 await asyncio.gather(*(call(i, clients[path][i]) for i in range(per_round)))
+        if free:  # the paths take turns run by run
+            for path in ENDPOINT_PATHS:
+                out[path].append(await free_run(path, clients[path]))
         # the paths take turns round by round: a load change on the shared machine hits all
-        for r in range(args.rounds):
+        for r in range(0 if free else args.rounds):
             for path in ENDPOINT_PATHS:
                 out[path].append(await one_round(path, r, clients[path]))
         for s in sessions:
             endpoint.close(s)
+    await workers.aclose()
     await endpoint.stop()
     await policy.close()
     client.close()
     return {k: _endpoint_row(v, out["direct"], per_round) for k, v in out.items()}
+
+
+async def one_call(task: dict[str, Any], client: Any) -> dict[str, float]:
+    """The ``worker`` row's agent: one chat call, as ``via_endpoint`` makes it."""
+    reply = await client.chat.completions.create(
+        model="policy",
+        messages=task["messages"],
+        max_tokens=task["max_tokens"],
+        seed=task["seed"],
+        extra_body=task["extra"],
+    )
+    return {"reward": 0.0, "tokens": float(reply.usage.completion_tokens)}
 
 
 def _endpoint_row(
@@ -407,8 +474,9 @@ def _endpoint_row(
     tokens = sum(r["tokens"] for r in rounds)
     return {
         "tokens": tokens,
+        "calls": sum(r["calls"] for r in rounds),
         "rate": tokens / sum(r["seconds"] for r in rounds),
-        "batch": per_round * len(rounds) / max(sum(r["batches"] for r in rounds), 1),
+        "batch": sum(r["calls"] for r in rounds) / max(sum(r["batches"] for r in rounds), 1),
         "ratios": [d["seconds"] / r["seconds"] for r, d in zip(rounds, direct, strict=True)],
         "cpu_ratios": [d["cpu"] / r["cpu"] for r, d in zip(rounds, direct, strict=True)],
         "cpu_per_ktok": 1000 * sum(r["cpu"] for r in rounds) / max(tokens, 1),
@@ -416,18 +484,28 @@ def _endpoint_row(
 
 
 def print_endpoint_summary(
-    summary: list[tuple[int | None, dict[str, dict[str, Any]]]], args: argparse.Namespace
+    summary: list[tuple[str, dict[str, dict[str, Any]]]], args: argparse.Namespace
 ) -> None:
     """One line per call shape: tokens per call and the endpoint's overhead (in process)."""
-    calls = args.batch * args.group * args.rounds * args.repeats
-    print(f"\n{'call shape':<34}{'tokens/call':>12}{'overhead':>10}{'CPU overhead':>14}")
-    for fixed, result in summary:
-        r = result["in_process"]
-        label = f"exactly {fixed} tokens" if fixed else f"natural (<= {args.new_tokens})"
-        over = 1 - statistics.median(r["ratios"])
-        cpu = 1 / statistics.median(r["cpu_ratios"]) - 1
-        print(f"{label:<34}{r['tokens'] / calls:>12.1f}{over:>+10.1%}{cpu:>+14.1%}")
-    print("(SDK in process, the agent workflow's default; target < 10%)")
+    print(
+        f"\n{'call shape':<40}{'tokens/call':>12}{'overhead: in process':>22}{'(CPU)':>8}"
+        f"{'in workers':>12}{'(node CPU)':>12}"
+    )
+    for label, result in summary:
+        calls = result["direct"]["calls"]
+        cells = []
+        for path in ("in_process", "worker"):
+            r = result[path]
+            over = 1 - statistics.median(r["ratios"])
+            cpu = 1 / statistics.median(r["cpu_ratios"]) - 1
+            cells.append((over, cpu))
+        tokens = result["in_process"]["tokens"] / calls
+        (a, b), (c, d) = cells
+        print(f"{label:<40}{tokens:>12.1f}{a:>+22.1%}{b:>+8.1%}{c:>+12.1%}{d:>+12.1%}")
+    print(
+        "(in process: the agent workflow's default, workers: 0; in workers: workers: 2, the "
+        "agents' SDK in their own processes; target < 10%)"
+    )
 
 
 def print_endpoint(result: dict[str, dict[str, Any]], shape: str) -> None:
@@ -445,6 +523,7 @@ def print_endpoint(result: dict[str, dict[str, Any]], shape: str) -> None:
         "direct": "PolicyHandle.generate (baseline)",
         "in_process": "/v1/chat/completions, SDK in process",
         "loopback": "/v1/chat/completions, SDK over loopback HTTP",
+        "worker": "/v1/chat/completions, agents in 2 workers",
     }
     for key, label in labels.items():
         r = result[key]
@@ -570,15 +649,18 @@ async def main() -> None:
             # for stragglers while calls keep arriving (the same engine config for all rows)
             cfg = {**engine_cfg, **ENDPOINT_BATCHING}
             summary = []
+            natural = f"up to {args.new_tokens} tokens, ending where the model ends its turn"
+            free = f"{natural}; free-running agents, {args.rounds} calls each back to back"
+            result = await run_endpoint_pair(root, args, cfg, None, free=True)
+            print_endpoint(result, free)
+            summary.append((f"natural, free-running (<= {args.new_tokens})", result))
             for fixed in [None, *args.call_tokens]:
-                shape = (
-                    f"each exactly {fixed} tokens (min_tokens = max_tokens)"
-                    if fixed
-                    else f"up to {args.new_tokens} tokens, ending where the model ends its turn"
-                )
+                exact = f"each exactly {fixed} tokens (min_tokens = max_tokens)"
+                shape = exact if fixed else natural
                 result = await run_endpoint_pair(root, args, cfg, fixed)
-                print_endpoint(result, shape)
-                summary.append((fixed, result))
+                print_endpoint(result, f"{shape}; lockstep rounds")
+                label = f"exactly {fixed} tokens" if fixed else f"natural (<= {args.new_tokens})"
+                summary.append((f"{label}, lockstep", result))
             print_endpoint_summary(summary, args)
             print_per_call(await per_call_cpu(args))
         if not args.skip_node:

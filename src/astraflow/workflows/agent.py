@@ -5,7 +5,9 @@ a reward (float) or ``{"reward": float, **metrics}``. For every episode (``group
 task) the node's OpenAI-compatible endpoint opens a session with its own API key; the agent
 gets a client bound to it (``openai.AsyncOpenAI``, or the base URL with ``client: base_url``;
 every episode's SDK client shares the node's one HTTP client, ``transport: in_process`` by
-default: calls go straight into the endpoint's app, no sockets) and, when its signature asks
+default: calls go straight into the endpoint's app, no sockets; with ``workers: N`` the agent
+runs in N worker processes of its own, over loopback HTTP: ``workflows.agent_worker``)
+and, when its signature asks
 for them, ``model`` (the first policy's name), ``tools`` (name -> ``async (str) -> str``) and
 the config's ``kwargs``. Every call is recorded token-exactly
 (``workflows.capture``); the episode's segments become samples, all in the task's group.
@@ -33,6 +35,7 @@ from astraflow.config import ConfigModel
 from astraflow.errors import ConfigError, WorkflowError
 from astraflow.plugins import TOOL_SPEC, PluginSpec
 from astraflow.records import Name, Sample, Task
+from astraflow.workflows.agent_worker import AgentWorkers, WorkerSpec
 from astraflow.workflows.api import PolicyHandle, Tool
 from astraflow.workflows.capture import EpisodeRecorder
 from astraflow.workflows.chat_format import ChatFormat, TemplateKind
@@ -74,7 +77,15 @@ class AgentConfig(ConfigModel):
     transport: Literal["in_process", "loopback"] = "in_process"
     """How the ``openai`` client reaches the node's endpoint: straight into its app in this
     process (no sockets: the cheapest path), or HTTP over loopback; both share one pooled
-    HTTP client per node instead of one per episode."""
+    HTTP client per node instead of one per episode. (With ``workers`` > 0: loopback.)"""
+    workers: int = Field(default=0, ge=0, le=64)
+    """Processes the agent runs in. 0: the node's own (the agent shares its interpreter
+    with the engine). N > 0: N worker processes of its own (``workflows.agent_worker``),
+    started on first use and restarted when one dies; the agent's client reaches the
+    endpoint over loopback HTTP, so its CPU (the SDK's ~1.3 ms a call, its own logic) runs
+    beside the engine instead of taking turns with it, and a crashing or blocking agent
+    cannot stall the node. The task's payload, ``kwargs`` and what the agent returns must
+    then be JSON; tools run in the node (the worker gets proxies)."""
 
 
 @dataclass
@@ -104,6 +115,10 @@ class AgentGateway(Protocol):
 
     def http_client(self, transport: Literal["in_process", "loopback"]) -> Any:
         """The shared HTTP client SDK clients reach the gateway with (closed with it)."""
+        ...
+
+    def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """Await ``closer`` when the gateway stops (before its sessions are dropped)."""
         ...
 
 
@@ -170,6 +185,7 @@ class AgentWorkflow:
             self.tools[tool.name] = tool
         self._gateway: AgentGateway | None = None
         self._formats: dict[str, ChatFormat] = {}
+        self._workers: AgentWorkers | None = None
 
     @property
     def policies(self) -> Sequence[str]:
@@ -179,6 +195,24 @@ class AgentWorkflow:
     def bind_gateway(self, gateway: AgentGateway) -> None:
         """Serve episodes through ``gateway`` (the node's endpoint)."""
         self._gateway = gateway
+
+    @property
+    def workers(self) -> AgentWorkers | None:
+        """The agent's worker processes (``workers`` > 0, once the first episode ran)."""
+        return self._workers
+
+    def _worker_pool(self) -> AgentWorkers:
+        if self._workers is None:
+            assert self._gateway is not None
+            spec = WorkerSpec(self.config.entry, self.config.request_timeout_s)
+            self._workers = AgentWorkers(spec, self.config.workers)
+            self._gateway.on_close(self._close_workers)
+        return self._workers
+
+    async def _close_workers(self) -> None:
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            await workers.aclose()
 
     async def __call__(
         self, task: Task, policies: Mapping[str, PolicyHandle], tools: Mapping[str, Tool]
@@ -216,15 +250,27 @@ class AgentWorkflow:
         session = self._gateway.open(AgentSession("", handles, formats, self.config))
         client: Any = session.base_url
         try:
-            if self.config.client == "openai":
-                client = _openai_client(session, self.config, self._gateway)
             extra: dict[str, Any] = dict(self.config.kwargs)
             if _accepts(self.fn, "model"):
                 extra.setdefault("model", self.config.policies[0])
-            if _accepts(self.fn, "tools"):
-                extra.setdefault("tools", {name: tool.__call__ for name, tool in tools.items()})
+            calls = {name: tool.__call__ for name, tool in tools.items()}
+            wants_tools = _accepts(self.fn, "tools") and "tools" not in extra
             payload = {**task.payload, "task_id": task.task_id}
-            result = await self.fn(payload, client, **extra)
+            if self.config.workers:
+                result = await self._worker_pool().run(
+                    payload,
+                    base_url=session.base_url,
+                    api_key=session.api_key,
+                    client=self.config.client,
+                    extra=extra,
+                    tools=calls if wants_tools else None,
+                )
+            else:
+                if self.config.client == "openai":
+                    client = _openai_client(session, self.config, self._gateway)
+                if wants_tools:
+                    extra["tools"] = calls
+                result = await self.fn(payload, client, **extra)
         except Exception as exc:  # the agent's failure is the task's failure
             raise WorkflowError(f"agent {self.config.entry} raised {exc!r}") from exc
         finally:

@@ -28,10 +28,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from astraflow.errors import ServiceUnavailableError
-from astraflow.raas.endpoint.clients import SERVER_KEEPALIVE_S, Transport, sdk_http_client
 from astraflow.raas.endpoint.service import chat_completion, list_models, text_completion
 from astraflow.raas.endpoint.wire import ChatRequest, CompletionRequest, EndpointError
 from astraflow.workflows.agent import AgentSession
+from astraflow.workflows.sdk_http import SERVER_KEEPALIVE_S, Transport, sdk_http_client
 
 __all__ = ["AgentEndpoint"]
 
@@ -63,6 +63,7 @@ class AgentEndpoint:
         self._server: uvicorn.Server | None = None
         self._serving: asyncio.Task[None] | None = None
         self._clients: dict[Transport, Any] = {}
+        self._closers: list[Callable[[], Awaitable[None]]] = []
         self.requests = 0
         self.errors = 0
         self._totals = {"episodes": 0, "calls": 0, "continued": 0, "segments": 0, "breaks": 0}
@@ -92,13 +93,17 @@ class AgentEndpoint:
         return session
 
     def http_client(self, transport: Transport) -> Any:
-        """The node's shared SDK HTTP client for ``transport`` (see ``endpoint.clients``)."""
+        """The node's shared SDK HTTP client for ``transport`` (see ``workflows.sdk_http``)."""
         if not self.url:
             raise ServiceUnavailableError("the agent endpoint is not serving")
         client = self._clients.get(transport)
         if client is None or client.is_closed:
             client = self._clients[transport] = sdk_http_client(transport, self.app)
         return client
+
+    def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """Await ``closer`` first thing in :meth:`stop` (an agent workflow's workers)."""
+        self._closers.append(closer)
 
     def close(self, session: AgentSession) -> None:
         """Revoke the session's key and add its capture figures to the node's totals."""
@@ -164,7 +169,14 @@ class AgentEndpoint:
         return self.url
 
     async def stop(self) -> None:
-        """Stop serving (idempotent); open sessions are dropped, shared clients closed."""
+        """Stop serving (idempotent); what asked to be closed with the endpoint is closed
+        first, then open sessions are dropped and shared clients closed."""
+        closers, self._closers = self._closers, []
+        for closer in closers:
+            try:
+                await closer()
+            except Exception:  # one failing closer must not keep the server up
+                log.exception("closing with the agent endpoint failed")
         self._sessions.clear()
         clients, self._clients = list(self._clients.values()), {}
         for client in clients:
@@ -217,10 +229,12 @@ class AgentEndpoint:
         try:
             session = self._session(request)
             parsed = model.model_validate(await _json_body(request))
+            reply = await _while_connected(request, handler(session, parsed))
+            if reply is None:  # the agent hung up (cancelled): nobody reads an answer
+                return Response(status_code=499)
             if parsed.stream:
-                reply = await handler(session, parsed)
                 return StreamingResponse(_sse(reply), media_type="text/event-stream")
-            return JSONResponse(await handler(session, parsed))
+            return JSONResponse(reply)
         except EndpointError as exc:
             return self._error(exc)
         except pydantic.ValidationError as exc:
@@ -234,6 +248,33 @@ class AgentEndpoint:
     def _error(self, exc: EndpointError) -> Response:
         self.errors += 1
         return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _while_connected(
+    request: Request, work: Awaitable[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """What ``work`` returns, or None when the client hangs up first: ``work`` is then
+    cancelled, so a departed agent's generation stops taking the engine's batch slots (an
+    agent cancelled in a worker process, or any client over loopback)."""
+    job = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not job.done():
+            job.cancel()
+    if job.cancelled():
+        with contextlib.suppress(asyncio.CancelledError):
+            await job
+        return None
+    return job.result()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body is read: only that message is left)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _json_body(request: Request) -> Any:

@@ -1,9 +1,10 @@
-"""Shared HTTP clients for the ``openai`` SDK clients of agents running in the node's process.
+"""Shared HTTP clients for the ``openai`` SDK clients of agents (``agent`` workflow).
 
 An ``openai.AsyncOpenAI`` built per episode with its own HTTP client pays for a fresh TLS
-context (the CA bundle read and parsed, ~25 ms of CPU on the node's event loop) and new
-connections every episode. Agents in the node's process instead share one client per
-transport, made by the endpoint and closed with it:
+context (the CA bundle read and parsed, ~25 ms of CPU on the event loop) and new
+connections every episode. Agents instead share one client per transport: the node's
+endpoint makes and closes those of agents in its process, an agent worker process
+(``workflows.agent_worker``) makes its own loopback one:
 
     in_process  requests go straight into the endpoint's ASGI app (no sockets, no HTTP
                 parsing on either side): the cheapest path, same routes, same errors

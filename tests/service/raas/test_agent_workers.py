@@ -1,0 +1,160 @@
+"""The ``agent`` workflow with ``workers`` > 0: agents in worker processes of their own.
+
+Real worker processes (``python -m astraflow.workflows.agent_worker``) reach the endpoint
+over loopback HTTP; the node's engine produces every token. Checked: the trained tokens and
+logprobs are the engine's, bit for bit; tools run in the node; an agent's stdout does not
+reach the protocol; an agent that raises, returns something that is not JSON or kills its
+process fails its episode only (the next one gets a new worker); cancelling an episode
+cancels it in the worker; stopping the endpoint stops the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from astraflow.errors import WorkflowError
+from astraflow.raas.endpoint import AgentEndpoint
+from astraflow.records import Task
+from astraflow.workflows.agent import AgentConfig, AgentWorkflow
+from fixtures.workflows import TinyPolicy
+
+pytest.importorskip("openai")
+
+
+@pytest.fixture
+async def endpoint() -> AsyncIterator[AgentEndpoint]:
+    ep = AgentEndpoint()
+    await ep.start()
+    yield ep
+    await ep.stop()
+
+
+def _workflow(endpoint: AgentEndpoint, entry: str, **kw: Any) -> AgentWorkflow:
+    wf = AgentWorkflow(AgentConfig(entry=entry, **kw), random.Random(0))
+    wf.bind_gateway(endpoint)
+    return wf
+
+
+def _task(task_id: str, group_size: int = 1, **payload: Any) -> Task:
+    return Task(task_id=task_id, workflow="agent", payload=payload, group_size=group_size)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_agents_in_workers_train_on_the_engines_tokens(
+    endpoint: AgentEndpoint, tmp_path: Any
+) -> None:
+    from astraflow.models import build_tokenizer
+    from astraflow.raas.engines.base import EngineContext, build_engine
+    from astraflow.raas.policy import NodePolicy
+    from fixtures.workflows import workflow_spec
+
+    spec = workflow_spec(seed=3)
+    tok = build_tokenizer(spec)
+    context = EngineContext(policy="policy", tokenizer=tok, work_dir=tmp_path, model=spec)
+    engine = build_engine({"type": "transformers", "device": "cpu"}, context)
+    policy = NodePolicy("policy", tok, engine, frozen=False, from_store=False)
+    produced: list[Any] = []
+    inner = policy.generate
+
+    async def spy(*args: Any, **kw: Any) -> Any:
+        gens = await inner(*args, **kw)
+        produced.extend(gens)
+        return gens
+
+    policy.generate = spy  # type: ignore[method-assign]
+    wf = _workflow(endpoint, "fixtures.agents:worker_agent", workers=2, tools=["calculator"])
+    tasks = [_task(f"w{i}", prompt=f"ep{i}", turns=3, max_tokens=4) for i in range(8)]
+    try:
+        results = await asyncio.gather(*(wf(t, {"policy": policy}, {}) for t in tasks))
+    finally:
+        await policy.close()
+    assert wf.workers is not None and wf.workers.started == 2
+    pids = set(wf.workers.pids())
+    assert len(pids) == 2 and os.getpid() not in pids
+    by_prompt = {tuple(g.prompt_ids.tolist()): g for g in produced}
+    for task, (sample,) in zip(tasks, results, strict=True):
+        assert sample.reward == 1.0 and sample.meta["turns"] == 3
+        assert int(sample.meta["agent.pid"]) in pids, "the agent ran in a worker"
+        assert sample.meta["agent.calculator"] == 42.0, "the node's calculator, by proxy"
+        # every trained run is a generation of the engine, tokens and logprobs bit for bit
+        trained = np.flatnonzero(sample.loss_mask)
+        runs = np.split(trained, np.flatnonzero(np.diff(trained) > 1) + 1)
+        assert len(runs) == 3
+        for run in runs:
+            gen = by_prompt[tuple(sample.token_ids[: run[0]].tolist())]
+            assert np.array_equal(sample.token_ids[run], gen.token_ids)
+            assert np.array_equal(sample.logprobs[run], gen.logprobs)
+        assert tok.decode(sample.token_ids.tolist()).count(task.payload["prompt"]) == 3
+    await endpoint.stop()
+    await asyncio.sleep(0)
+    assert not any(_alive(pid) for pid in pids), "stopping the endpoint stops its workers"
+
+
+async def test_a_failing_agent_fails_its_episode_and_the_next_gets_a_worker(
+    endpoint: AgentEndpoint,
+) -> None:
+    policy = TinyPolicy("policy")
+    wf = _workflow(endpoint, "fixtures.agents:worker_agent", workers=1)
+    (first,) = await wf(_task("ok-1", prompt="hi"), {"policy": policy}, {})
+    assert first.meta["agent.calculator"] == -1.0, "no tools configured: none handed over"
+    assert wf.workers is not None
+    (pid,) = wf.workers.pids()
+    with pytest.raises(WorkflowError, match=r"exited \(code 7\)"):
+        await wf(_task("dies", prompt="hi", exit=7), {"policy": policy}, {})
+    with pytest.raises(WorkflowError, match="returned object"):
+        await wf(_task("object", prompt="hi", returns="object"), {"policy": policy}, {})
+    (after,) = await wf(_task("ok-2", prompt="hi"), {"policy": policy}, {})
+    assert after.reward == 1.0
+    assert wf.workers.started == 2 and int(after.meta["agent.pid"]) != pid
+    assert endpoint.metrics()["sessions"] == 0, "every episode's key was revoked"
+    raising = _workflow(endpoint, "fixtures.agents:failing_agent", workers=1)
+    with pytest.raises(WorkflowError, match="the agent crashed"):
+        await raising(_task("raises"), {"policy": policy}, {})
+
+
+async def test_cancelling_an_episode_cancels_it_in_the_worker(endpoint: AgentEndpoint) -> None:
+    stopped = asyncio.Event()
+
+    class Slow(TinyPolicy):
+        async def generate(self, *args: Any, **kw: Any) -> Any:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                stopped.set()
+
+    wf = _workflow(endpoint, "fixtures.agents:worker_agent", workers=1)
+    episode = asyncio.create_task(wf(_task("slow", prompt="hi"), {"policy": Slow("policy")}, {}))
+    while endpoint.metrics()["requests"] < 1:  # the agent's call reached the node
+        await asyncio.sleep(0.01)
+    episode.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await episode
+    # the worker cancelled the agent, its client hung up, the node stopped generating
+    await asyncio.wait_for(stopped.wait(), 60)
+    assert endpoint.metrics()["sessions"] == 0
+    assert wf.workers is not None and wf.workers.pids(), "the worker stays up"
+    (sample,) = await wf(_task("next", prompt="hi"), {"policy": TinyPolicy("policy")}, {})
+    assert sample.reward == 1.0 and wf.workers.started == 1
+
+
+async def test_an_entry_a_worker_cannot_import_is_named() -> None:
+    from astraflow.workflows.agent_worker import AgentWorkers, WorkerSpec
+
+    pool = AgentWorkers(WorkerSpec("fixtures.agents:worker_agent", 5.0, sys_path=["/nowhere"]), 1)
+    with pytest.raises(WorkflowError, match="did not start: .*fixtures"):
+        await pool.run({}, base_url="", api_key="", client="openai", extra={}, tools=None)
+    await pool.aclose()
