@@ -17,9 +17,12 @@ reply) against the same rendered prompt ids sent straight to ``PolicyHandle.gene
 the same engine (same config for every row), with the same seeds, so every path generates
 the same tokens. The SDK clients are built as the ``agent`` workflow builds them: one per
 episode over the node's shared HTTP client, in process (the workflow's default) or over
-loopback HTTP. The three paths take turns round by round, ``--repeats`` times; overhead =
-1 - the median over rounds of the endpoint round's speed relative to the direct one
-(target < 10%). The endpoint's cost is per call (the SDK's request building and reply
+loopback HTTP, or the agents run in 2 agent worker processes (``workers: 2``, the
+workflow's own ``AgentWorkers``). First every agent makes ``--rounds`` calls back to back
+(free-running, how agents call; ``3 x --repeats`` runs, the paths taking turns run by run),
+then in lockstep rounds (every agent's call of round r, then round r + 1), the paths taking
+turns round by round, ``--repeats`` times; overhead = 1 - the median over runs or rounds of
+the endpoint's speed relative to the direct one just before it (target < 10%). The endpoint's cost is per call (the SDK's request building and reply
 parsing, render, capture), so the overhead depends on how many tokens a call generates: the
 first table lets the random tiny model end its turns where it draws the end-of-turn token
 (~25 tokens a call on average), the next ones hold every call to exactly ``--call-tokens``
