@@ -8,6 +8,11 @@ lines over pipes, no pickle); a worker that passes the timeout is killed and rep
     caller ──(gold, pred)──► idle worker ──► {"ok": bool} ──► worker back to the idle queue
                                  │ no answer within timeout_s
                                  └─► SIGKILL, start a fresh worker, raise TimeoutError
+
+A worker says it is ready once math-verify (and sympy) are imported, ~1 s, more on a loaded
+machine: that start is not part of any check's ``timeout_s`` (it was, and a fresh worker's
+first check on a busy machine timed out, scoring a right answer 0, and its replacement
+started over), and is bounded by ``START_TIMEOUT_S`` instead.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ __all__ = ["MathVerifyPool", "as_gold", "shared_pool"]
 
 log = logging.getLogger(__name__)
 
+#: Seconds a new worker has to import math-verify and say it is ready.
+START_TIMEOUT_S = 120.0
+
 
 def as_gold(answer: Any) -> str:
     """A reference answer in the form math-verify parses reliably: wrapped in ``$…$``."""
@@ -51,11 +59,21 @@ class _Worker:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin: IO[bytes] = self.proc.stdin
         self.stdout: IO[bytes] = self.proc.stdout
+        self.started = False
 
     def ask(self, request: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        """Send one request; the reply, or None when none came within ``timeout_s``."""
+        """Send one request; the reply, or None when none came within ``timeout_s`` (counted
+        from when the worker is ready: its start is bounded by ``START_TIMEOUT_S``)."""
+        if not self.started:
+            hello = self._line(START_TIMEOUT_S)
+            if hello is None or not hello.get("ready"):
+                raise RewardError(f"math-verify worker did not start: {hello}")
+            self.started = True
         self.stdin.write(json.dumps(request).encode() + b"\n")
         self.stdin.flush()
+        return self._line(timeout_s)
+
+    def _line(self, timeout_s: float) -> dict[str, Any] | None:
         ready, _, _ = select.select([self.stdout], [], [], timeout_s)
         if not ready:
             return None
@@ -159,6 +177,8 @@ def _serve() -> None:
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" notes
     from math_verify import parse, verify
 
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin.buffer:
         try:
             request = json.loads(line)

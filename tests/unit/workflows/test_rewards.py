@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 
 import pytest
 
@@ -56,16 +55,18 @@ async def test_missing_answer_is_a_validation_error() -> None:
 
 
 def test_math_verify_in_worker_process_with_timeout() -> None:
-    pool = MathVerifyPool(workers=1, timeout_s=1.5)
+    # under a second: less than a worker's start (python, math-verify, sympy: ~1 s here, more
+    # under load), which must not count against the first check
+    pool = MathVerifyPool(workers=1, timeout_s=0.5)
     try:
         assert pool.verify_sync(as_gold("288"), "so the answer is \\boxed{288}")
         assert pool.verify_sync(as_gold("1/2"), "\\boxed{0.5}")
         assert not pool.verify_sync(as_gold("288"), "\\boxed{289}")
-        start = time.monotonic()
         with pytest.raises(TimeoutError):
             pool.verify_sync(as_gold("5"), "\\boxed{9^{9^{9^{9}}}}")  # sympy would run for ages
-        assert time.monotonic() - start < 4.0 and pool.timeouts == 1
-        assert pool.verify_sync(as_gold("4"), "4")  # a fresh worker took over
+        assert pool.timeouts == 1
+        assert pool.verify_sync(as_gold("4"), "4")  # a fresh worker took over, its start free
+        assert pool.timeouts == 1
     finally:
         pool.close()
     with pytest.raises(RewardError, match="closed"):
