@@ -22,10 +22,11 @@ workflow's own ``AgentWorkers``). First every agent makes ``--rounds`` calls bac
 (free-running, how agents call; ``3 x --repeats`` runs, the paths taking turns run by run),
 then in lockstep rounds (every agent's call of round r, then round r + 1), the paths taking
 turns round by round, ``--repeats`` times; overhead = 1 - the median over runs or rounds of
-the endpoint's speed relative to the direct one just before it (target < 10%). The endpoint's cost is per call (the SDK's request building and reply
-parsing, render, capture), so the overhead depends on how many tokens a call generates: the
-first table lets the random tiny model end its turns where it draws the end-of-turn token
-(~25 tokens a call on average), the next ones hold every call to exactly ``--call-tokens``
+the endpoint's speed relative to the direct one just before it (target < 10%). The
+endpoint's cost is per call (the SDK's request building and reply parsing, render,
+capture), so the overhead depends on how many tokens a call generates: the first tables let
+the random tiny model end its turns where it draws the end-of-turn token (~25 tokens a call
+on average), the next ones hold every call to exactly ``--call-tokens``
 tokens on both paths (``min_tokens``, vLLM's extension, which the endpoint accepts), and a
 summary gives the overhead per call shape. The table also gives this process's CPU time (all
 threads) per 1k tokens and the endpoint's extra CPU for the same tokens: on a shared machine
