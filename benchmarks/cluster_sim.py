@@ -184,7 +184,7 @@ def run_config(
         "model": model_spec(args),
         "trainer": trainer,
         "rollout": {"engine": {"type": SIMULATED}},
-        "max_staleness": 1, "max_buffered": 2 * args.batch,
+        "max_staleness": args.max_staleness, "max_buffered": args.max_buffered * args.batch,
     }  # fmt: skip
     names = policy_names(args)
     data = {
@@ -479,6 +479,19 @@ def main(argv: list[str] | None = None) -> int:
         "paper's setting), 'real' (every sample trained on this machine's shared CPU), or "
         "both, comma-separated",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-buffered", type=int, default=4,
+        help="async backpressure cap, in trainer batches: buffered + served-unacked + in-flight "
+        "samples per policy. A pipelined trainer holds 2 (the one it trains, one prefetched), "
+        "so 2 leaves the nodes no room while it trains; staleness stays bounded by "
+        "--max-staleness whatever this is",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-staleness", type=int, default=1,
+        help="async: largest version lag of a trained sample (the staleness budget leases no "
+        "more than the coming batches within it can use)",
+    )  # fmt: skip
+    parser.add_argument("--modes", default="sync,async", help="regulation modes to run")
     parser.add_argument("--hosts", type=int, default=4, help="processes hosting the nodes")
     parser.add_argument("--capacity", type=int, default=2, help="tasks per node at once")
     parser.add_argument("--batch", type=int, default=256, help="trainer batch (samples)")
@@ -504,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for compute in computes:
         for sigma in (float(s) for s in args.sigmas.split(",")):
-            for mode in ("sync", "async"):
+            for mode in args.modes.split(","):
                 r = run_one(args, cal, sigma, mode, compute)
                 print(f"  {compute} sigma {sigma} {mode}: {r.s_per_step:.3f} s/step "
                       f"({r.wall_s:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
