@@ -12,7 +12,10 @@ What is real and what is simulated:
              (so the published weights really change), then it waits out the step time of
              the WHOLE batch, CALIBRATED in this run on real updates of the same model, loss
              and batch size alone on the machine (fixed_s + padded_token_s x padded tokens).
-             ``--trainer-compute real`` trains every sample on the shared CPU instead.
+             ``--trainer-compute real`` trains every sample on the shared CPU instead. The
+             default is simulated because the question is the system's async/sync ratio when
+             each component has its own hardware, as the nodes here do; with real compute
+             the two trainers compete with 64 nodes for 2 cores, and that measures the machine.
   SIMULATED  generation: each node's engine is ``benchmarks/simulated_engine.py``, which runs no
              model. A response of L tokens (L ~ lognormal(median, sigma), clipped) takes
              L * step_s(b) / speed seconds, b = sequences running on that node (continuous
