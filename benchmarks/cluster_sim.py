@@ -40,7 +40,7 @@ processes. Each (sigma, mode) run trains ``--steps`` versions; sync and async di
 Rewards are meaningless here (random tokens): this measures time, not learning.
 
     .venv/bin/python benchmarks/cluster_sim.py                 # sigma 0.5/1.0/1.5, 20 steps
-    .venv/bin/python benchmarks/cluster_sim.py --quick         # ~2 minutes
+    .venv/bin/python benchmarks/cluster_sim.py --quick         # ~3 minutes
     .venv/bin/python benchmarks/cluster_sim.py --save-calibration cal.json
     .venv/bin/python benchmarks/cluster_sim.py --calibration cal.json --sigmas 1.0
     .venv/bin/python benchmarks/cluster_sim.py --policies 2 --sigmas 1.5 --steps 12 --skip 3 \
