@@ -1,9 +1,21 @@
 """SIMULATION: async vs sync at cluster scale, 64 simulated rollout nodes in 3 pools.
 
 What is real and what is simulated:
-  real       the dataflow service, the weight store, the trainer (a 0.4M Qwen3 trained with
-             GRPO on every sample it gets), the rollout nodes (``RolloutNode``: leases,
-             heartbeats, HTTP to the dataflow, weight refresh, the ``rlvr`` workflow)
+  real       the dataflow service, the weight store, the trainers (``Trainer``: take batches,
+             a real GRPO update of a 0.4M Qwen3, publish every version to the weight store,
+             announce, ack), the rollout nodes (``RolloutNode``: leases, heartbeats, HTTP to
+             the dataflow, weight refresh, the ``rlvr`` workflow)
+  SIMULATED  trainer hardware (``--trainer-compute simulated``, the default): in the paper
+             every trainer has its own accelerators; here they would share 2 cores with 64
+             nodes, the dataflow and each other. Each trainer's step runs
+             ``benchmarks/simulated_trainer.py``: the real update on one group of the batch
+             (so the published weights really change), then it waits out the step time of
+             the WHOLE batch, CALIBRATED in this run on real updates of the same model, loss
+             and batch size alone on the machine (fixed_s + padded_token_s x padded tokens).
+             ``--trainer-compute real`` trains every sample on the shared CPU instead. The
+             default is simulated because the question is the system's async/sync ratio when
+             each component has its own hardware, as the nodes here do; with real compute
+             the two trainers compete with 64 nodes for 2 cores, and that measures the machine.
   SIMULATED  generation: each node's engine is ``benchmarks/simulated_engine.py``, which runs no
              model. A response of L tokens (L ~ lognormal(median, sigma), clipped) takes
              L * step_s(b) / speed seconds, b = sequences running on that node (continuous
@@ -12,21 +24,27 @@ What is real and what is simulated:
              decoding b sequences of 32 tokens), unless ``--calibration FILE`` loads a
              recorded one. Weight updates after the first (real) load wait the real delta
              pull time measured in the calibration. Pools: fast (speed 1.0), medium (0.6),
-             slow (0.3) of the calibrated engine.
+             slow (0.3) of the calibrated engine. Rewards: ``simulated_engine:AnswerShare``
+             (graded, so group advantages are not all zero and each version moves).
 
 The nodes run as asyncio tasks inside a few host processes (``--hosts``), not as 64 torch
 processes. Each (sigma, mode) run trains ``--steps`` versions; sync and async differ only in
 ``mode``. Figures, over the steady part (after ``--skip`` steps):
   s/step        wall seconds per trainer version
   trainer idle  the trainer's time inside take_batch (``wait_s``) / wall time
+  batch         mean samples a trainer step trained on (a sync round holds one per trainer)
+  step s        mean seconds of a trainer step (``compute_s``: calibrated wait included)
+  publish s     mean seconds of the new version on the trainer's critical path
   rollout idle  1 - simulated-engine busy time (a sequence running) / (wall time x nodes)
   speed-up      sync s/step / async s/step
 Rewards are meaningless here (random tokens): this measures time, not learning.
 
     .venv/bin/python benchmarks/cluster_sim.py                 # sigma 0.5/1.0/1.5, 20 steps
-    .venv/bin/python benchmarks/cluster_sim.py --quick         # ~2 minutes
+    .venv/bin/python benchmarks/cluster_sim.py --quick         # ~3 minutes
     .venv/bin/python benchmarks/cluster_sim.py --save-calibration cal.json
     .venv/bin/python benchmarks/cluster_sim.py --calibration cal.json --sigmas 1.0
+    .venv/bin/python benchmarks/cluster_sim.py --policies 2 --sigmas 1.5 --steps 12 --skip 3 \
+        --trainer-compute simulated,real      # the paper's setting, both trainer models
 """
 
 from __future__ import annotations
@@ -51,6 +69,16 @@ ROOT = Path(__file__).resolve().parents[1]
 POOLS = (("fast", 1.0), ("medium", 0.6), ("slow", 0.3))
 #: The engine of every simulated node, by path (benchmarks/ is on the import path here).
 SIMULATED = "simulated_engine:SimulatedEngine"
+#: The reward of the simulated responses, and the trainers' simulated-hardware step.
+REWARD = "simulated_engine:AnswerShare"
+UPDATE = "simulated_trainer:CalibratedUpdate"
+#: Trainer settings of every policy (batch size and max_steps come from the arguments).
+TRAINER: dict[str, Any] = {
+    "loss": {"type": "grpo", "tis_cap": 2.0}, "optimizer": {"lr": 3e-4, "grad_clip": 1.0},
+    "publish_dtype": "float32",
+}  # fmt: skip
+#: Length distributions the trainer step is calibrated on (sigma; the run's median and max).
+CAL_SIGMAS = (0.5, 1.0, 1.5)
 MODEL: dict[str, Any] = {
     "model_type": "qwen3",
     "config": {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
@@ -65,7 +93,7 @@ MODEL: dict[str, Any] = {
 
 def calibrate(batches: tuple[int, ...] = (1, 8, 32, 64), tokens: int = 32) -> dict[str, Any]:
     """Decode-step time of the real transformers engine at each batch size, and the time of a
-    real one-version delta pull of the same model from a weight store."""
+    real one-version delta pull of the same model from a weight store (1 thread)."""
     import torch
 
     from astraflow.models import ModelSpec, build_model, build_tokenizer
@@ -109,27 +137,57 @@ def calibrate(batches: tuple[int, ...] = (1, 8, 32, 64), tokens: int = 32) -> di
     return {"step_s": points, "sync_s": pull_s, "tokens": tokens, "measured": time.ctime()}
 
 
+def calibrate_trainer(args: argparse.Namespace) -> dict[str, Any]:
+    """Real GRPO updates of the run's model, loss and batch size, one thread (a trainer's
+    share here), alone on the machine: the fit of the simulated trainer step."""
+    import torch
+
+    from simulated_trainer import calibrate as fit
+
+    torch.set_num_threads(1)
+    lengths = [{"median": args.median, "sigma": s, "min_tokens": 1, "max_tokens": args.max_tokens}
+               for s in CAL_SIGMAS]  # fmt: skip
+    trainer = TRAINER | {"batch": {"min_samples": args.batch, "max_samples": args.batch}}
+    return fit(model_spec(args), trainer, lengths, batch=args.batch) | {"measured": time.ctime()}
+
+
+def model_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The policy model, with positions for the longest prompt + response."""
+    model = json.loads(json.dumps(MODEL))
+    model["config"]["max_position_embeddings"] = args.max_tokens + 64
+    return model
+
+
 # --------------------------------------------------------------------------- configs
 
 
-def run_config(args: argparse.Namespace, sigma: float, mode: str, run_dir: Path) -> Any:
-    """The run: one trained policy, add1 tasks through ``rlvr``; pools start no process nodes
-    (the simulated nodes are hosted here)."""
+def run_config(
+    args: argparse.Namespace,
+    cal: dict[str, Any],
+    sigma: float,
+    mode: str,
+    compute: str,
+    run_dir: Path,
+) -> Any:
+    """The run: ``--policies`` trained policies, add1 tasks through ``rlvr``; pools start no
+    process nodes (the simulated nodes are hosted here); with ``compute`` 'simulated' each
+    trainer steps through the calibrated ``simulated_trainer`` plug-in."""
     from astraflow.config import validate
     from astraflow.launch.config import RunConfig
 
-    model = json.loads(json.dumps(MODEL))
-    model["config"]["max_position_embeddings"] = args.max_tokens + 64
+    trainer = TRAINER | {
+        "batch": {"min_samples": args.batch, "max_samples": args.batch, "take_timeout_s": 60},
+        "checkpoint": {"every": 0}, "max_steps": args.steps,
+    }  # fmt: skip
+    if compute == "simulated":
+        fit = cal["trainer"]
+        trainer["update"] = {"type": UPDATE, "fixed_s": fit["fixed_s"],
+                             "padded_token_s": fit["padded_token_s"], "groups": 1}  # fmt: skip
     policy = {
-        "model": model,
-        "trainer": {"loss": {"type": "grpo", "tis_cap": 2.0},
-                    "optimizer": {"lr": 3e-4, "grad_clip": 1.0},
-                    "batch": {"min_samples": args.batch, "max_samples": args.batch,
-                              "take_timeout_s": 60},
-                    "publish_dtype": "float32", "checkpoint": {"every": 0},
-                    "max_steps": args.steps},
+        "model": model_spec(args),
+        "trainer": trainer,
         "rollout": {"engine": {"type": SIMULATED}},
-        "max_staleness": 1, "max_buffered": 2 * args.batch,
+        "max_staleness": args.max_staleness, "max_buffered": args.max_buffered * args.batch,
     }  # fmt: skip
     names = policy_names(args)
     data = {
@@ -139,15 +197,14 @@ def run_config(args: argparse.Namespace, sigma: float, mode: str, run_dir: Path)
                      "generator": {"type": "add1", "size": 100000, "seed": i},
                      "workflow": f"rlvr-{name}", "policies": [name], "group_size": 8,
                      "epochs": None} for i, name in enumerate(names)],
-        "workflows": {f"rlvr-{name}": {"type": "rlvr", "policy": name,
-                                       "reward": "synthetic_exact",
+        "workflows": {f"rlvr-{name}": {"type": "rlvr", "policy": name, "reward": REWARD,
                                        "sampling": {"max_new_tokens": args.max_tokens}}
                       for name in names},
         "pools": [{"name": name, "nodes": 0, "capacity": args.capacity} for name, _ in POOLS],
         "threads": {"trainer": 1},
         "max_time_s": args.steps * 20.0 + 180,
     }  # fmt: skip
-    return validate(RunConfig, data, source=f"cluster sim ({mode}, sigma {sigma})")
+    return validate(RunConfig, data, source=f"cluster sim ({mode}, sigma {sigma}, {compute})")
 
 
 def policy_names(args: argparse.Namespace) -> list[str]:
@@ -198,7 +255,7 @@ def host_main(path: str) -> int:
     from astraflow.workflows.registry import WORKFLOWS
     from astraflow.workflows.rewards import REWARDS
 
-    ENGINES.resolve(SIMULATED), WORKFLOWS.resolve("rlvr"), REWARDS.resolve("synthetic_exact")
+    ENGINES.resolve(SIMULATED), WORKFLOWS.resolve("rlvr"), REWARDS.resolve(REWARD)
 
     async def main() -> None:
         nodes = [RolloutNode(NodeConfig.model_validate(c)) for c in configs]
@@ -253,21 +310,27 @@ class Result:
 
     sigma: float
     mode: str
+    compute: str
     steps: int
     s_per_step: float
     trainer_idle: float
+    compute_s: float
+    publish_s: float
+    samples: float
     rollout_idle: float
     nodes_seen: int
     wall_s: float
 
 
-def run_one(args: argparse.Namespace, cal: dict[str, Any], sigma: float, mode: str) -> Result:
-    """One run: LocalRun (dataflow, trainer) + simulated nodes until ``steps`` versions."""
+def run_one(
+    args: argparse.Namespace, cal: dict[str, Any], sigma: float, mode: str, compute: str
+) -> Result:
+    """One run: LocalRun (dataflow, trainers) + simulated nodes until ``steps`` versions."""
     from astraflow.launch.local import LocalRun
     from astraflow.launch.status import RunStatus
 
-    run_dir = Path(args.out) / f"sigma{sigma}-{mode}-{time.strftime('%H%M%S')}"
-    config = run_config(args, sigma, mode, run_dir)
+    run_dir = Path(args.out) / f"sigma{sigma}-{mode}-{compute}-{time.strftime('%H%M%S')}"
+    config = run_config(args, cal, sigma, mode, compute, run_dir)
     stop = threading.Event()
     hosts: list[Hosts] = []
     failed: list[str] = []
@@ -294,7 +357,9 @@ def run_one(args: argparse.Namespace, cal: dict[str, Any], sigma: float, mode: s
     if failed or not result.ok:
         raise SystemExit(f"sigma {sigma} {mode}: the run failed: {failed or result.failed}")
     wall = time.monotonic() - started
-    return measure(run_dir, sigma, mode, args.skip, wall, policy_names(args))
+    result = measure(run_dir, sigma, mode, args.skip, wall, policy_names(args))
+    result.compute = compute
+    return result
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -308,6 +373,7 @@ def measure(
 ) -> Result:
     """Figures of a finished run from metrics.jsonl and report.jsonl (mean over trainers)."""
     per_step, waits, window, steps = [], [], [float("inf"), 0.0], 0
+    computes, publishes, samples = [], [], []
     for name in names:
         metrics = _jsonl(run_dir / "trainers" / name / "metrics.jsonl")
         steady = metrics[min(skip, len(metrics) // 4) :]
@@ -316,6 +382,9 @@ def measure(
         t0, t1 = steady[0]["time"], steady[-1]["time"]
         per_step.append((t1 - t0) / (len(steady) - 1))
         waits.append(sum(m["wait_s"] for m in steady[1:]) / (t1 - t0))
+        computes += [m["compute_s"] for m in steady[1:]]
+        publishes += [m["publish_s"] for m in steady[1:]]
+        samples += [m["samples"] for m in steady[1:]]
         window = [min(window[0], t0), max(window[1], t1)]
         steps = steps or len(metrics)
     reports = [r for r in _jsonl(run_dir / "report.jsonl")
@@ -332,32 +401,65 @@ def measure(
         span = (last["time"] - first["time"]) * max(1, seen) * len(names)
         idle = 1 - (busy(last) - busy(first)) / span
     return Result(
-        sigma=sigma, mode=mode, steps=steps, s_per_step=statistics.mean(per_step),
-        trainer_idle=statistics.mean(waits), rollout_idle=idle, nodes_seen=seen, wall_s=wall,
+        sigma=sigma, mode=mode, compute="", steps=steps, s_per_step=statistics.mean(per_step),
+        trainer_idle=statistics.mean(waits), compute_s=statistics.mean(computes),
+        publish_s=statistics.mean(publishes), samples=statistics.mean(samples),
+        rollout_idle=idle, nodes_seen=seen, wall_s=wall,
     )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- main
 
 
-def print_table(results: list[Result], cal: dict[str, Any], args: argparse.Namespace) -> None:
-    """The table: per sigma, both modes and the speed-up."""
+def print_table(results: list[Result], args: argparse.Namespace) -> None:
+    """The table: per trainer compute and sigma, both modes and the speed-up."""
     print("\nSIMULATION (generation times drawn, calibrated on the real engine; dataflow, "
-          "trainer and nodes real)")  # fmt: skip
+          "trainers and nodes real; trainer compute as in the 'compute' column)")  # fmt: skip
     print(f"{args.policies} trained policies, each its own trainer and source; "
           f"{args.nodes} nodes in pools fast/medium/slow (speed 1.0/0.6/0.3), capacity "
           f"{args.capacity} tasks x 8 samples; trainer batch {args.batch}; lengths lognormal "
           f"median {args.median}, clipped to {args.max_tokens}")  # fmt: skip
-    print(f"{'sigma':>5} {'mode':6} {'steps':>5} {'s/step':>7} {'trainer idle':>12} "
-          f"{'rollout idle':>12} {'nodes':>5}  speed-up (sync/async)")  # fmt: skip
-    for sigma in dict.fromkeys(r.sigma for r in results):
-        rows = {r.mode: r for r in results if r.sigma == sigma}
+    print(f"{'compute':9} {'sigma':>5} {'mode':6} {'steps':>5} {'s/step':>7} "
+          f"{'batch':>5} {'trainer idle':>12} {'step s':>6} {'publish s':>9} {'rollout idle':>12} "
+          f"{'nodes':>5}  speed-up (sync/async)")  # fmt: skip
+    for key in dict.fromkeys((r.compute, r.sigma) for r in results):
+        rows = {r.mode: r for r in results if (r.compute, r.sigma) == key}
         for mode, r in rows.items():
             ratio = ""
             if mode == "async" and "sync" in rows:
                 ratio = f"{rows['sync'].s_per_step / r.s_per_step:.2f}x"
-            print(f"{sigma:5.1f} {mode:6} {r.steps:5d} {r.s_per_step:7.3f} {r.trainer_idle:12.2f} "
+            print(f"{r.compute:9} {r.sigma:5.1f} {mode:6} {r.steps:5d} {r.s_per_step:7.3f} "
+                  f"{r.samples:5.0f} {r.trainer_idle:12.2f} {r.compute_s:6.2f} {r.publish_s:9.3f} "
                   f"{r.rollout_idle:12.2f} {r.nodes_seen:5d}  {ratio}")  # fmt: skip
+
+
+def load_calibration(args: argparse.Namespace, computes: list[str]) -> dict[str, Any]:
+    """``--calibration FILE``, else measure now; the trainer part is measured when a
+    simulated trainer needs it and the file has none. Prints it; ``--save-calibration``."""
+    if args.calibration:
+        cal = json.loads(Path(args.calibration).read_text())
+        print(f"calibration loaded from {args.calibration} (measured {cal.get('measured')})")
+    else:
+        cal = calibrate()
+        print("calibration measured now, alone on the machine, 1 thread each:")
+    points = ", ".join(f"b={b}: {t * 1e3:.2f} ms" for b, t in cal["step_s"])
+    print(f"  engine decode step (real transformers engine): {points}; "
+          f"one-version delta pull {cal['sync_s'] * 1e3:.1f} ms")  # fmt: skip
+    if "simulated" in computes and "trainer" not in cal:
+        if args.calibration:
+            print(f"  ({args.calibration} has no trainer step: measuring it now)")
+        cal["trainer"] = calibrate_trainer(args)
+    if "trainer" in cal:
+        fit = cal["trainer"]
+        steps = ", ".join(f"{p:.0f} padded tokens ({t:.0f} tokens): {s:.2f} s"
+                          for p, t, s in fit["points"])  # fmt: skip
+        print(f"  trainer step (real GRPO update, batch {fit['batch']}, measured "
+              f"{fit['measured']}): {steps}")  # fmt: skip
+        print(f"    fit: {fit['fixed_s']:.3f} s + {fit['padded_token_s'] * 1e6:.1f} us x "
+              "padded tokens (the simulated trainers' step time)")  # fmt: skip
+    if args.save_calibration:
+        Path(args.save_calibration).write_text(json.dumps(cal, indent=1) + "\n")
+    return cal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -374,40 +476,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--policies", type=int, default=1, help="trained policies (the paper's setting: 2)"
     )
+    parser.add_argument(
+        "--trainer-compute", default="simulated",
+        help="'simulated' (each trainer on its own hardware: a calibrated step time, the "
+        "paper's setting), 'real' (every sample trained on this machine's shared CPU), or "
+        "both, comma-separated",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-buffered", type=int, default=4,
+        help="async backpressure cap, in trainer batches: buffered + served-unacked + in-flight "
+        "samples per policy. A pipelined trainer holds 2 (the one it trains, one prefetched), "
+        "so 2 leaves the nodes no room while it trains; staleness stays bounded by "
+        "--max-staleness whatever this is",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-staleness", type=int, default=1,
+        help="async: largest version lag of a trained sample (the staleness budget leases no "
+        "more than the coming batches within it can use)",
+    )  # fmt: skip
+    parser.add_argument("--modes", default="sync,async", help="regulation modes to run")
     parser.add_argument("--hosts", type=int, default=4, help="processes hosting the nodes")
     parser.add_argument("--capacity", type=int, default=2, help="tasks per node at once")
     parser.add_argument("--batch", type=int, default=256, help="trainer batch (samples)")
     parser.add_argument("--median", type=float, default=24.0, help="median response tokens")
     parser.add_argument("--max-tokens", type=int, default=1024, help="longest response")
-    parser.add_argument("--calibration", help="load step times from this JSON file")
-    parser.add_argument("--save-calibration", help="write the measured calibration here")
+    parser.add_argument("--calibration", help="load the calibration from this JSON file")
+    parser.add_argument("--save-calibration", help="write the calibration here")
     parser.add_argument("--out", default=None, help="run directories (default: a temp dir)")
     args = parser.parse_args(argv)
     if args.host:
         return host_main(args.host)
+    computes = args.trainer_compute.split(",")
+    if not set(computes) <= {"simulated", "real"}:
+        parser.error(f"--trainer-compute: 'simulated' and/or 'real', got {args.trainer_compute}")
     if args.quick:
         args.sigmas, args.steps, args.skip, args.max_tokens = "0.5,1.5", 10, 2, 256
     args.out = args.out or tempfile.mkdtemp(prefix="cluster-sim-")
-    if args.calibration:
-        cal = json.loads(Path(args.calibration).read_text())
-        print(f"calibration loaded from {args.calibration} (measured {cal.get('measured')})")
-    else:
-        cal = calibrate()
-        print("calibration measured now on the real transformers engine (1 thread):")
-    points = ", ".join(f"b={b}: {t * 1e3:.2f} ms" for b, t in cal["step_s"])
-    print(f"  decode step: {points}; one-version delta pull {cal['sync_s'] * 1e3:.1f} ms")
-    if args.save_calibration:
-        Path(args.save_calibration).write_text(json.dumps(cal, indent=1) + "\n")
+    # the trainers import the simulated step by path, as the node hosts do the engine
+    paths = [str(ROOT / "benchmarks"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
+    cal = load_calibration(args, computes)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; runs in {args.out}")
     results = []
-    for sigma in (float(s) for s in args.sigmas.split(",")):
-        for mode in ("sync", "async"):
-            r = run_one(args, cal, sigma, mode)
-            print(
-                f"  sigma {sigma} {mode}: {r.s_per_step:.3f} s/step ({r.wall_s:.0f} s)", flush=True
-            )
-            results.append(r)
-    print_table(results, cal, args)
+    for compute in computes:
+        for sigma in (float(s) for s in args.sigmas.split(",")):
+            for mode in args.modes.split(","):
+                r = run_one(args, cal, sigma, mode, compute)
+                print(f"  {compute} sigma {sigma} {mode}: {r.s_per_step:.3f} s/step "
+                      f"({r.wall_s:.0f} s, load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+                results.append(r)
+    print_table(results, args)
     return 0
 
 

@@ -16,6 +16,11 @@ verified full copy) but only *waits* ``sync_s`` for later versions (the pull is 
 
     generate(requests) ─► per request: L ~ lognormal ─► wait for a slot (max_batch_size)
         ─► sleep L * step_s(active) / speed ─► random tokens, logprobs -log V, version
+
+``AnswerShare`` (a reward, by path ``simulated_engine:AnswerShare``) scores such random
+responses with a spread inside each group, so group advantages are not all zero and every
+trainer step really changes the weights (an exact-match reward on random tokens is 0 for
+almost every sample: zero gradients, versions that do not move).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import math
 import random
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -47,7 +52,7 @@ from astraflow.workflows.length_tail import LengthDistribution
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["SimulatedEngine", "step_time"]
+__all__ = ["AnswerShare", "SimulatedEngine", "step_time"]
 
 
 def step_time(points: Sequence[tuple[int, float]], batch: int) -> float:
@@ -214,3 +219,16 @@ class SimulatedEngine:
     async def close(self) -> None:
         """Refuse further requests (running ones finish their sleep)."""
         self._closed = True
+
+
+class AnswerShare:
+    """SIMULATION reward: the share of the response's characters that occur in the task's
+    answer (in [0, 1]; graded, so random responses of one group get different rewards)."""
+
+    def __init__(self, config: object, rng: random.Random) -> None:
+        self.config = config
+
+    async def __call__(self, response: str, payload: Mapping[str, Any]) -> float:
+        """Characters of ``response`` found in ``payload['answer']``, as a share."""
+        answer = set(str(payload["answer"]))
+        return sum(c in answer for c in response) / len(response) if response else 0.0

@@ -1,7 +1,8 @@
 """Synchronous ("trainer-centred") regulation: lock-step rounds of ``sync_round_tasks`` tasks.
 
-    round r ── every policy announced >= r ──► open: lease up to ``quota`` tasks; only nodes
-       ▲                                        holding version r of what a task needs get it;
+    round r ── every policy announced >= r ──► open: lease up to ``quota`` tasks, each source
+       ▲                                        its share by weight; only nodes
+       │                                        holding version r of what a task needs get it;
        │                                        expired / failed / handed-back leases are
        │                                        re-queued inside the round
        │                                          │ every round task submitted or failed for
@@ -12,15 +13,22 @@
        │                                        round-r groups of p as one batch
        └── closed ◄── every policy announced >= r+1 ┘ (tasks still open carry over to r+1)
 
-Durable: meta ``sync`` holds round, quota and timings; table ``round_tasks`` which task belongs
-to which round. :meth:`SyncRounds.step` runs at the end of every change of the service, inside
-its transaction, so the round state always matches the tasks and versions it was derived from.
+A source's share of a round is fixed (``sync_round_tasks`` apportioned by source weight, a
+top-up's tasks among the sources of the policies it is for), so the round holds the same
+tasks per policy whichever nodes ask first: a node that holds the new version of one policy
+only can take that policy's share, not the other's (two trainers announce at different times).
+
+Durable: meta ``sync`` holds round, quota, top-up shares and timings; table ``round_tasks``
+which task belongs to which round. :meth:`SyncRounds.step` runs at the end of every change of
+the service, inside its transaction, so the round state always matches the tasks and versions
+it was derived from.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -41,7 +49,6 @@ log = logging.getLogger(__name__)
 HISTORY = 100
 #: Every lease reason that :meth:`SyncRounds.blocked` gives starts with this.
 BLOCKED = "sync round "
-_NO_CAP = 1 << 30
 
 
 def _versions(latest: Versions) -> dict[str, int]:
@@ -79,7 +86,12 @@ class SyncRounds:
         self.closed_rounds: int = saved.get("closed_rounds", 0)
         self.rollout_s: float = saved.get("rollout_s", 0.0)
         self.train_s: float = saved.get("train_s", 0.0)
-        self.tasks: set[str] = set(store.round_tasks(self.round))
+        self.extra: Counter[str] = Counter(saved.get("extra", {}))
+        """Tasks top-ups of the current round added to each source's share."""
+        self.tasks: set[str] = set()
+        self.by_source: Counter[str] = Counter()
+        """Tasks of the current round per source."""
+        self.leased(store.round_tasks(self.round))
 
     def retire(self, policy: str) -> None:
         """Stop waiting for ``policy``: its trainer announced its final version."""
@@ -95,7 +107,7 @@ class SyncRounds:
             "opened_at": self.opened_at, "data_complete_at": self.data_complete_at,
             "history": [h.model_dump() for h in self.history],
             "closed_rounds": self.closed_rounds, "rollout_s": self.rollout_s,
-            "train_s": self.train_s,
+            "train_s": self.train_s, "extra": dict(self.extra),
         }  # fmt: skip
 
     # ------------------------------------------------------------------ transitions
@@ -125,7 +137,30 @@ class SyncRounds:
         """Make tasks members of the current round."""
         new = [t for t in task_ids if t not in self.tasks]
         self.tasks.update(new)
+        self.by_source.update(self._source(t) for t in new)
         self.store.set_round(new, self.round)
+
+    def _source(self, task_id: str) -> str:
+        ot = self.queue.open.get(task_id)
+        if ot is not None:
+            return ot.source.name
+        row = self.store.get_task(task_id)
+        return row.source if row is not None else ""
+
+    def share(self, source: str) -> int:
+        """Tasks ``source`` may have in the current round: its weight's part of
+        ``sync_round_tasks`` (largest remainders) plus what top-ups gave it."""
+        return _apportion(self.round_tasks, self._weights()).get(source, 0) + self.extra[source]
+
+    def _weights(self, policies: Iterable[str] | None = None) -> dict[str, float]:
+        """Source weights, only of the sources feeding ``policies`` when given."""
+        views = self.queue.catalog.sources.values()
+        wanted = None if policies is None else set(policies)
+        return {v.name: v.weight for v in views
+                if wanted is None or wanted & self._policies_of(v.name)}  # fmt: skip
+
+    def _policies_of(self, source: str) -> set[str]:
+        return set(self.queue.catalog.source(source).config.policies)
 
     def _open_tasks(self) -> int:
         return sum(1 for t in self.tasks if t in self.queue.open)
@@ -142,7 +177,7 @@ class SyncRounds:
                  self.round, len(self.tasks), self.topups, len(carried))  # fmt: skip
         self.round, self.quota, self.topups = new_round, self.round_tasks, 0
         self.opened_at = self.data_complete_at = None
-        self.tasks = set()
+        self.tasks, self.by_source, self.extra = set(), Counter(), Counter()
         self.leased(carried)
 
     def _check_complete(self, now: float) -> bool:
@@ -157,6 +192,7 @@ class SyncRounds:
         if lacking and not drained:
             self.quota += self.round_tasks
             self.topups += 1
+            self.extra.update(_apportion(self.round_tasks, self._weights(lacking)))
             log.warning("sync round has no data for some policies after the trajectory filters; "
                         "leasing more tasks round=%d policies=%s quota=%d", self.round,
                         ",".join(lacking), self.quota)  # fmt: skip
@@ -188,7 +224,13 @@ class SyncRounds:
             lacking = {p for p in self.policies if not self.groups(p)}
             if lacking:
                 sources = [s for s in sources if lacking.intersection(s.policies)]
-        return {s.name: _NO_CAP for s in sources if not any(p in refresh for p in s.policies)}
+        # re-queued round tasks (already counted in by_source) go again on top of new ones
+        requeued = Counter(self.queue.open[t].source.name for t in self.queue.pending)
+        return {
+            s.name: max(0, self.share(s.name) - self.by_source[s.name]) + requeued[s.name]
+            for s in sources
+            if not any(p in refresh for p in s.policies)
+        }
 
     def lease_key(self) -> Hashable:
         """What decides whether a lease may get a task: see :meth:`more_to_lease`."""
@@ -290,3 +332,17 @@ class SyncRounds:
             history=list(self.history), closed_rounds=self.closed_rounds,
             rollout_s=self.rollout_s, train_s=self.train_s,
         )  # fmt: skip
+
+
+def _apportion(total: int, weights: Mapping[str, float]) -> dict[str, int]:
+    """``total`` split by ``weights`` into whole numbers summing to ``total`` (largest
+    remainders; ties by name)."""
+    mass = sum(weights.values())
+    if mass <= 0:
+        return {}
+    exact = {k: total * w / mass for k, w in weights.items()}
+    out = {k: int(v) for k, v in exact.items()}
+    rest = total - sum(out.values())
+    for k in sorted(exact, key=lambda k: (out[k] - exact[k], k))[:rest]:
+        out[k] += 1
+    return out

@@ -289,7 +289,8 @@ class RunConfig(ConfigModel):
     autoscale: AutoscaleConfig = Field(default_factory=AutoscaleConfig)
     """Pool autoscaling."""
     sync_round_tasks: int | None = Field(default=None, ge=1)
-    """Tasks per round in sync mode (default: one trainer batch worth of tasks)."""
+    """Tasks per round in sync mode (default: one batch worth of tasks for every trainer, at
+    the sources' weights)."""
     threads: dict[Literal["trainer", "node", "eval"], int] = Field(default_factory=dict)
     """torch threads per component kind (OMP_NUM_THREADS); unset: one per placed CPU when
     ``placement`` pins the kind, else torch's default."""

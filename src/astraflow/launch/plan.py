@@ -17,6 +17,7 @@ Nothing here starts anything: the local and Ray launchers both start components 
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,14 +223,23 @@ def _dataflow_config(
 def sync_round_tasks(config: RunConfig) -> int | None:
     """Tasks per sync round, decided once for the dataflow and every trainer (None: async).
 
-    ``sync_round_tasks`` when set, else the first trained policy's batch size in groups."""
+    ``sync_round_tasks`` when set, else enough tasks for one batch of EVERY trainer: the task
+    selector spreads a round over the sources by weight, so a policy whose sources get a
+    share ``w`` of it needs ``batch groups / w`` tasks; the round is the largest of these
+    (one policy, or sources that feed every policy: its batch in groups; two policies with a
+    source each: both batches)."""
     if config.mode != "sync":
         return None
     if config.sync_round_tasks is not None:
         return config.sync_round_tasks
-    first = config.trained[0]
-    samples = config.policies[first].trainer.batch.max_samples
-    return max(1, samples // _group_size(config, first))
+    total = sum(s.weight for s in config.sources)
+    need = 1
+    for policy in config.trained:
+        groups = config.policies[policy].trainer.batch.max_samples // _group_size(config, policy)
+        share = sum(s.weight for s in config.sources if policy in s.policies) / total
+        if share > 0:
+            need = max(need, math.ceil(groups / share - 1e-9))
+    return need
 
 
 def _group_size(config: RunConfig, policy: str) -> int:

@@ -2,19 +2,22 @@
 
 The tree mirrors the objects it builds: ``loss`` → losses, ``optimizer``/``scheduler`` → the
 torch optimizer, ``batch`` → take + micro-batching, ``checkpoint`` → checkpoint.py,
-``backend`` → backends/, ``warmup`` → the SFT warm-up run before version 0. No torch here.
+``backend`` → backends/, ``update`` → a plug-in in place of the built-in step (updates.py),
+``warmup`` → the SFT warm-up run before version 0. No torch here.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 
 from astraflow.config import ConfigModel, env_secret
 from astraflow.models import ModelSpec
+from astraflow.plugins import PluginSpec
 from astraflow.records import Name, ordered_fields
+from astraflow.trainer.updates import UPDATE_SPEC
 from astraflow.weights.config import WeightStoreConfig
 
 __all__ = [
@@ -171,6 +174,10 @@ class TrainerSettings(ConfigModel):
     """Checkpointing and resume."""
     backend: Literal["local", "fsdp2"] = "local"
     """'local': one process, CPU or one GPU; 'fsdp2': one process per rank under torchrun."""
+    update: Annotated[PluginSpec | str | None, UPDATE_SPEC] = None
+    """A plug-in step in place of the built-in update: ``package.module:Class``, or a mapping
+    with ``type`` and its options (it wraps the built-in one: trainer/updates.py); None: the
+    built-in update."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Device to train on ('auto': CUDA when available)."""
     bf16: bool = True

@@ -3,7 +3,8 @@
     ┌─► rank 0: the prefetched batch (or take_batch now) ──(None: poll again)──┐
     │   rank 0: start taking the next batch in the background (pipeline.py)   │
     │   broadcast the batch (msgpack bytes) to every rank                       │
-    │   all ranks: loss → backward → optimizer step        (step.py)            │
+    │   all ranks: loss → backward → optimizer step  (step.py; or the plug-in   │
+    │     ``trainer.update`` that wraps it, updates.py)                         │
     │   all ranks: gather full state dict → rank 0: wait for the previous       │
     │     version's publish, copy, hand write → announce → ack to the publisher │
     │   all ranks: checkpoint v+1 if due (the ack waits for it)                 │
@@ -32,6 +33,7 @@ from typing import Final
 
 from astraflow.config import dump_config
 from astraflow.errors import AstraflowError, ConflictError, NotFoundError, ValidationError
+from astraflow.plugins import PluginSpec
 from astraflow.records import (
     AckRequest,
     Batch,
@@ -47,6 +49,7 @@ from astraflow.trainer.io import BatchSource, WeightSink, connect, publish_asset
 from astraflow.trainer.metrics import MetricsSink, build_sinks
 from astraflow.trainer.pipeline import Prefetcher, Publisher, PublishTimes
 from astraflow.trainer.runtime import Runtime, build_runtime
+from astraflow.trainer.updates import check_stats
 
 __all__ = ["Trainer"]
 
@@ -83,6 +86,8 @@ class Trainer:
         self._unsaved = False  # updates published since the last checkpoint
         self._prefetch = Prefetcher()
         self._publisher = Publisher()
+        update = PluginSpec.coerce(config.update).type if config.update else None
+        self._step_name = f"trainer update {update!r}" if update else "the built-in update"
 
     @property
     def runtime(self) -> Runtime:
@@ -171,7 +176,7 @@ class Trainer:
             if not isinstance(batch, Batch):
                 continue
             self._prefetch_next(stop)
-            stats = rt.update.run(batch.samples, rt.version)
+            stats = check_stats(rt.step.run(batch.samples, rt.version), self._step_name)
             publish_s, previous = self._commit(batch, stop)
             self._record(stats, publish_s, previous)
         if self.backend.rank == 0:

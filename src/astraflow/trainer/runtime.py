@@ -2,6 +2,7 @@
 
     fresh:   build model ─► backend.wrap ─► SFT warm-up (if configured) ─► AdamW + schedule
     resume:  build model ─► backend.wrap ─► AdamW + schedule ─► load newest checkpoint
+    then:    the built-in update ─► wrapped by the ``trainer.update`` plug-in, if one is set
 
 The KL reference (when used) is the model as it was at version 0, kept in the checkpoint
 directory so a resumed trainer gets the same one.
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from astraflow.models import build_model, build_tokenizer
+from astraflow.plugins import PluginSpec
 from astraflow.trainer.backends.base import TrainBackend
 from astraflow.trainer.batching import Packing
 from astraflow.trainer.checkpoint import (
@@ -31,6 +33,7 @@ from astraflow.trainer.checkpoint import (
 from astraflow.trainer.config import TrainerConfig
 from astraflow.trainer.optim import build_optimizer, build_scheduler
 from astraflow.trainer.step import PolicyUpdate
+from astraflow.trainer.updates import UPDATES, Update
 from astraflow.trainer.warmup import load_pairs, pair_samples, sft_warmup
 
 __all__ = ["Runtime", "build_runtime"]
@@ -49,6 +52,10 @@ class Runtime:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     update: PolicyUpdate
+    """The built-in update (loss, backward, optimizer step)."""
+    step: Update
+    """What a trainer step runs: the ``trainer.update`` plug-in (wrapping ``update``), else
+    ``update`` itself."""
     version: int
     """The version the current weights are (or follow): the next update publishes a higher one."""
     resumed: bool
@@ -125,10 +132,21 @@ def build_runtime(config: TrainerConfig, backend: TrainBackend) -> Runtime:
         optimizer=optimizer,
         scheduler=scheduler,
         update=update,
+        step=_step(config.update, update),
         version=version,
         resumed=ckpt is not None,
         last_batch_id=meta.get("last_batch_id"),
     )
+
+
+def _step(spec: PluginSpec | str | None, update: PolicyUpdate) -> Update:
+    """The plug-in named by ``trainer.update``, built around the built-in ``update``."""
+    if spec is None:
+        return update
+    spec = PluginSpec.coerce(spec)
+    step = UPDATES.construct(spec, update)
+    log.info("trainer update plug-in %s wraps the built-in update", spec.type)
+    return step
 
 
 def _pad_id(tokenizer: Any) -> int:

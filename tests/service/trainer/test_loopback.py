@@ -1,6 +1,7 @@
 """A trainer against a real dataflow service and weight store on loopback, fed by a scripted
 producer: every version it publishes is announced, its batches are acked, and a reader
-pulling the versions over HTTP gets bit-exactly the trainer's weights."""
+pulling the versions over HTTP gets bit-exactly the trainer's weights. Its steps run through a
+``trainer.update`` plug-in that wraps the built-in update (the loop calls the plug-in)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def test_trainer_publishes_versions_a_reader_applies_bit_exactly(
         publish_dtype="bfloat16", max_steps=3, optimizer={"lr": 1e-2},
         batch={"min_samples": 2, "max_samples": 4, "take_timeout_s": 2.0},
         warmup={"pairs": str(pairs), "steps": 5, "lr": 1e-2, "batch_size": 4},
+        update={"type": "fixtures.trainer:FirstGroupsUpdate", "groups": 1000},  # whole batch
     ))  # fmt: skip
     published: dict[int, dict[str, torch.Tensor]] = {}
 
@@ -67,6 +69,7 @@ def test_trainer_publishes_versions_a_reader_applies_bit_exactly(
     records = [json.loads(line) for line in lines]
     assert [r["version"] for r in records] == [1, 2, 3]
     assert all(r["samples"] >= 2 and r["loss"] is not None for r in records)
+    assert [r["wrapped_calls"] for r in records] == [1, 2, 3]  # each step ran the plug-in
 
     with WeightClient(weight_server) as client:
         assert client.latest("solver") == 3

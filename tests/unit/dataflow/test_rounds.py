@@ -232,3 +232,30 @@ def test_sync_config_is_checked(tmp_path: Path) -> None:
     policies = {"solver": {"vocab_size": 64}, "judge": {"vocab_size": 64}}
     with pytest.raises(PydanticError, match="judge"):
         make_config(tmp_path / "b", policies=policies, regulation=SYNC)
+
+
+def test_each_source_leases_its_share_of_a_round_whichever_node_asks_first(
+    tmp_path: Path,
+) -> None:
+    # two policies, a source each (weights 3 : 1), rounds of 8 tasks: shares 6 and 2
+    base = make_config(tmp_path / "x").sources[0]
+    solver = {"name": "src-solver", "policies": ["solver"], "weight": 3.0}
+    verifier = {"name": "src-verifier", "policies": ["verifier"]}
+    sources = [base.model_copy(update=solver), base.model_copy(update=verifier)]
+    policy = {"vocab_size": 64, "max_staleness": 1, "max_buffered": 256}
+    svc = service(tmp_path, sources=sources, policies={"solver": policy, "verifier": policy},
+                  regulation={**SYNC, "sync_round_tasks": 8})  # fmt: skip
+    for p in ("solver", "verifier"):
+        svc.announce(PolicyVersion(policy=p, version=0, manifest="v0"))
+
+    def lease_as(node: str, versions: dict[str, int]) -> list[Task]:
+        req = LeaseRequest(node_id=node, capacity=16, workflows=["rlvr"], versions=versions)
+        return svc.lease(req).tasks
+
+    # a node holding only the solver's weights asks first: it gets the solver's share only
+    first = lease_as("n1", {"solver": 0})
+    assert [t.source for t in first] == ["src-solver"] * 6
+    assert lease_as("n1", {"solver": 0}) == []
+    rest = lease_as("n2", {"solver": 0, "verifier": 0})
+    assert [t.source for t in rest] == ["src-verifier"] * 2
+    assert sync_state(svc) == (0, "open", 8, 8)

@@ -12,7 +12,7 @@ from astraflow.config import ConfigModel, load_config
 from astraflow.errors import ConfigError
 from astraflow.launch.checks import check_run
 from astraflow.launch.config import RunConfig
-from astraflow.launch.plan import make_plan, node_config
+from astraflow.launch.plan import make_plan, node_config, sync_round_tasks
 from astraflow.workflows.registry import WORKFLOWS, PolicyName
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -208,3 +208,20 @@ def test_sync_round_size_is_decided_once_for_dataflow_and_trainer(tmp_path: Path
     assert asynchronous.sync_round_tasks is None
     assert asynchronous.dataflow.regulation.mode == "async"
     assert asynchronous.trainers["policy"].batch.max_samples == 128
+
+
+def test_a_sync_round_holds_a_batch_for_every_trainer(tmp_path: Path) -> None:
+    example = ROOT / "examples" / "solver_verifier.yaml"
+    config = load_config(RunConfig, example, [f"run_dir={tmp_path}", "mode=sync"])
+    # one source feeds both trainers (128-sample batches, groups of 8): 16 tasks fill both
+    assert sync_round_tasks(config) == 16
+    one = config.sources[0]
+
+    def split(solver: float, verifier: float) -> int | None:
+        sources = [one.model_copy(update={"name": "a", "policies": ["solver"], "weight": solver}),
+                   one.model_copy(update={"name": "b", "policies": ["verifier"],
+                                          "weight": verifier})]  # fmt: skip
+        return sync_round_tasks(config.model_copy(update={"sources": sources}))
+
+    assert split(1, 1) == 32  # a source per trainer: the round holds both batches
+    assert split(3, 1) == 64  # the verifier's source gets a quarter of the round's tasks
