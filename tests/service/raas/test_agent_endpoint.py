@@ -9,7 +9,6 @@ requests get OpenAI-style 4xx errors.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,11 +18,10 @@ import pytest
 
 from astraflow.errors import WorkflowError
 from astraflow.raas.endpoint import AgentEndpoint
-from astraflow.records import Task
-from astraflow.workflows.agent import AgentConfig, AgentSession, AgentWorkflow
+from astraflow.workflows.agent import AgentConfig, AgentSession
 from astraflow.workflows.chat_format import ChatFormat
 from fixtures import agents
-from fixtures.workflows import TinyPolicy, check_accounting
+from fixtures.workflows import TinyPolicy, agent_task, agent_workflow, check_accounting
 
 pytest.importorskip("openai")
 
@@ -33,15 +31,6 @@ CALL = '<tool_call>{"name": "search", "arguments": {"query": "q%d"}}</tool_call>
 def _tool_script(prompt: str) -> str | None:
     turn = prompt.count("assistant: ")
     return CALL % turn if turn < 4 else "42"
-
-
-@pytest.fixture
-async def endpoint() -> AsyncIterator[AgentEndpoint]:
-    """The endpoint serving on loopback in the test's event loop."""
-    ep = AgentEndpoint()
-    await ep.start()
-    yield ep
-    await ep.stop()
 
 
 @pytest.fixture
@@ -61,23 +50,13 @@ async def node_policy(tmp_path: Any) -> AsyncIterator[Any]:
     await policy.close()
 
 
-def _workflow(endpoint: AgentEndpoint, entry: str, **kw: Any) -> AgentWorkflow:
-    wf = AgentWorkflow(AgentConfig(entry=entry, **kw), random.Random(0))
-    wf.bind_gateway(endpoint)
-    return wf
-
-
-def _task(task_id: str, group_size: int = 1, **payload: Any) -> Task:
-    return Task(task_id=task_id, workflow="agent", payload=payload, group_size=group_size)
-
-
 @pytest.mark.parametrize("transport", ["in_process", "loopback"])
 async def test_sdk_agent_with_tool_calls_is_trained_on_exact_tokens(
     endpoint: AgentEndpoint, transport: str
 ) -> None:
     policy = TinyPolicy("policy", script=_tool_script)
-    wf = _workflow(endpoint, "fixtures.agents:tool_agent", transport=transport)
-    task = _task(f"t-tools-{transport}", prompt="where is x?", answer="42")
+    wf = agent_workflow(endpoint, "fixtures.agents:tool_agent", transport=transport)
+    task = agent_task(f"t-tools-{transport}", prompt="where is x?", answer="42")
     samples = await wf(task, {"policy": policy}, {})
     assert len(samples) == 1, "an append-only template keeps the episode in one stream"
     sample = samples[0]
@@ -112,8 +91,8 @@ async def test_node_engine_tokens_and_logprobs_are_captured_bit_for_bit(
         return gens
 
     node_policy.generate = spy
-    wf = _workflow(endpoint, "fixtures.agents:chat_agent")
-    task = _task("t-engine", prompt="1+2=", turns=4, max_tokens=5)
+    wf = agent_workflow(endpoint, "fixtures.agents:chat_agent")
+    task = agent_task("t-engine", prompt="1+2=", turns=4, max_tokens=5)
     (sample,) = await wf(task, {"policy": node_policy}, {})
     assert sample.meta["turns"] == 4 and sample.meta["agent.turns"] == 4.0
     runs = [(i, g) for i, g in enumerate(produced)]
@@ -131,7 +110,7 @@ async def test_node_engine_tokens_and_logprobs_are_captured_bit_for_bit(
 
 async def test_not_append_only_template_yields_segments(endpoint: AgentEndpoint) -> None:
     policy = TinyPolicy("policy", script=lambda p: "<think>hmm</think>ok")
-    wf = _workflow(endpoint, "fixtures.agents:chat_agent")
+    wf = agent_workflow(endpoint, "fixtures.agents:chat_agent")
     # a template that drops reasoning from history (as Qwen3's does): not append-only
     drop = (
         "{% for m in messages %}{{ m['role'] }}: "
@@ -140,7 +119,7 @@ async def test_not_append_only_template_yields_segments(endpoint: AgentEndpoint)
         "{% if add_generation_prompt %}assistant: {% endif %}"
     )
     policy.tokenizer.chat_template = drop
-    task = _task("t-segments", prompt="hi", turns=3, max_tokens=20)
+    task = agent_task("t-segments", prompt="hi", turns=3, max_tokens=20)
     samples = await wf(task, {"policy": policy}, {})
     assert len(samples) == 3
     assert [s.meta["segment"] for s in samples] == [0, 1, 2]
@@ -155,8 +134,8 @@ async def test_not_append_only_template_yields_segments(endpoint: AgentEndpoint)
 async def test_64_concurrent_agents_see_only_their_own_tokens(
     endpoint: AgentEndpoint, node_policy: Any
 ) -> None:
-    wf = _workflow(endpoint, "fixtures.agents:chat_agent")
-    tasks = [_task(f"c{i}", prompt=f"ep{i}", turns=2, max_tokens=4) for i in range(64)]
+    wf = agent_workflow(endpoint, "fixtures.agents:chat_agent")
+    tasks = [agent_task(f"c{i}", prompt=f"ep{i}", turns=2, max_tokens=4) for i in range(64)]
     results = await asyncio.gather(*(wf(t, {"policy": node_policy}, {}) for t in tasks))
     assert node_policy.engine.metrics()["mean_batch_size"] > 4, "calls are batched together"
     fmt = ChatFormat(node_policy.tokenizer)
@@ -233,15 +212,15 @@ async def test_min_tokens_holds_off_the_end_of_turn(
 
 async def test_agent_given_a_bare_base_url(endpoint: AgentEndpoint) -> None:
     policy = TinyPolicy("policy", script=lambda p: "hello")
-    wf = _workflow(endpoint, "fixtures.agents:url_agent", client="base_url")
-    (sample,) = await wf(_task("t-url", prompt="hi"), {"policy": policy}, {})
+    wf = agent_workflow(endpoint, "fixtures.agents:url_agent", client="base_url")
+    (sample,) = await wf(agent_task("t-url", prompt="hi"), {"policy": policy}, {})
     assert sample.reward == 1.0 and len(check_accounting(sample, policy)) == 1
 
 
 async def test_agent_that_raises_fails_the_task(endpoint: AgentEndpoint) -> None:
-    wf = _workflow(endpoint, "fixtures.agents:failing_agent")
+    wf = agent_workflow(endpoint, "fixtures.agents:failing_agent")
     with pytest.raises(WorkflowError, match="crashed"):
-        await wf(_task("t-fail"), {"policy": TinyPolicy("policy")}, {})
+        await wf(agent_task("t-fail"), {"policy": TinyPolicy("policy")}, {})
     assert endpoint.metrics()["sessions"] == 0
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
-from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -21,29 +19,9 @@ import pytest
 
 from astraflow.errors import WorkflowError
 from astraflow.raas.endpoint import AgentEndpoint
-from astraflow.records import Task
-from astraflow.workflows.agent import AgentConfig, AgentWorkflow
-from fixtures.workflows import TinyPolicy
+from fixtures.workflows import TinyPolicy, agent_task, agent_workflow
 
 pytest.importorskip("openai")
-
-
-@pytest.fixture
-async def endpoint() -> AsyncIterator[AgentEndpoint]:
-    ep = AgentEndpoint()
-    await ep.start()
-    yield ep
-    await ep.stop()
-
-
-def _workflow(endpoint: AgentEndpoint, entry: str, **kw: Any) -> AgentWorkflow:
-    wf = AgentWorkflow(AgentConfig(entry=entry, **kw), random.Random(0))
-    wf.bind_gateway(endpoint)
-    return wf
-
-
-def _task(task_id: str, group_size: int = 1, **payload: Any) -> Task:
-    return Task(task_id=task_id, workflow="agent", payload=payload, group_size=group_size)
 
 
 def _alive(pid: int) -> bool:
@@ -76,8 +54,8 @@ async def test_agents_in_workers_train_on_the_engines_tokens(
         return gens
 
     policy.generate = spy  # type: ignore[method-assign]
-    wf = _workflow(endpoint, "fixtures.agents:worker_agent", workers=2, tools=["calculator"])
-    tasks = [_task(f"w{i}", prompt=f"ep{i}", turns=3, max_tokens=4) for i in range(8)]
+    wf = agent_workflow(endpoint, "fixtures.agents:worker_agent", workers=2, tools=["calculator"])
+    tasks = [agent_task(f"w{i}", prompt=f"ep{i}", turns=3, max_tokens=4) for i in range(8)]
     try:
         results = await asyncio.gather(*(wf(t, {"policy": policy}, {}) for t in tasks))
     finally:
@@ -108,22 +86,22 @@ async def test_a_failing_agent_fails_its_episode_and_the_next_gets_a_worker(
     endpoint: AgentEndpoint,
 ) -> None:
     policy = TinyPolicy("policy")
-    wf = _workflow(endpoint, "fixtures.agents:worker_agent", workers=1)
-    (first,) = await wf(_task("ok-1", prompt="hi"), {"policy": policy}, {})
+    wf = agent_workflow(endpoint, "fixtures.agents:worker_agent", workers=1)
+    (first,) = await wf(agent_task("ok-1", prompt="hi"), {"policy": policy}, {})
     assert first.meta["agent.calculator"] == -1.0, "no tools configured: none handed over"
     assert wf.workers is not None
     (pid,) = wf.workers.pids()
     with pytest.raises(WorkflowError, match=r"exited \(code 7\)"):
-        await wf(_task("dies", prompt="hi", exit=7), {"policy": policy}, {})
+        await wf(agent_task("dies", prompt="hi", exit=7), {"policy": policy}, {})
     with pytest.raises(WorkflowError, match="returned object"):
-        await wf(_task("object", prompt="hi", returns="object"), {"policy": policy}, {})
-    (after,) = await wf(_task("ok-2", prompt="hi"), {"policy": policy}, {})
+        await wf(agent_task("object", prompt="hi", returns="object"), {"policy": policy}, {})
+    (after,) = await wf(agent_task("ok-2", prompt="hi"), {"policy": policy}, {})
     assert after.reward == 1.0
     assert wf.workers.started == 2 and int(after.meta["agent.pid"]) != pid
     assert endpoint.metrics()["sessions"] == 0, "every episode's key was revoked"
-    raising = _workflow(endpoint, "fixtures.agents:failing_agent", workers=1)
+    raising = agent_workflow(endpoint, "fixtures.agents:failing_agent", workers=1)
     with pytest.raises(WorkflowError, match="the agent crashed"):
-        await raising(_task("raises"), {"policy": policy}, {})
+        await raising(agent_task("raises"), {"policy": policy}, {})
 
 
 async def test_cancelling_an_episode_cancels_it_in_the_worker(endpoint: AgentEndpoint) -> None:
@@ -136,8 +114,9 @@ async def test_cancelling_an_episode_cancels_it_in_the_worker(endpoint: AgentEnd
             finally:
                 stopped.set()
 
-    wf = _workflow(endpoint, "fixtures.agents:worker_agent", workers=1)
-    episode = asyncio.create_task(wf(_task("slow", prompt="hi"), {"policy": Slow("policy")}, {}))
+    wf = agent_workflow(endpoint, "fixtures.agents:worker_agent", workers=1)
+    slow = agent_task("slow", prompt="hi")
+    episode = asyncio.create_task(wf(slow, {"policy": Slow("policy")}, {}))
     while endpoint.metrics()["requests"] < 1:  # the agent's call reached the node
         await asyncio.sleep(0.01)
     episode.cancel()
@@ -147,7 +126,7 @@ async def test_cancelling_an_episode_cancels_it_in_the_worker(endpoint: AgentEnd
     await asyncio.wait_for(stopped.wait(), 60)
     assert endpoint.metrics()["sessions"] == 0
     assert wf.workers is not None and wf.workers.pids(), "the worker stays up"
-    (sample,) = await wf(_task("next", prompt="hi"), {"policy": TinyPolicy("policy")}, {})
+    (sample,) = await wf(agent_task("next", prompt="hi"), {"policy": TinyPolicy("policy")}, {})
     assert sample.reward == 1.0 and wf.workers.started == 1
 
 
