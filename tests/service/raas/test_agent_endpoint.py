@@ -9,7 +9,6 @@ requests get OpenAI-style 4xx errors.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -21,7 +20,13 @@ from astraflow.raas.endpoint import AgentEndpoint
 from astraflow.workflows.agent import AgentConfig, AgentSession
 from astraflow.workflows.chat_format import ChatFormat
 from fixtures import agents
-from fixtures.workflows import TinyPolicy, agent_task, agent_workflow, check_accounting
+from fixtures.workflows import (
+    TinyPolicy,
+    agent_task,
+    agent_workflow,
+    check_accounting,
+    record_generations,
+)
 
 pytest.importorskip("openai")
 
@@ -31,23 +36,6 @@ CALL = '<tool_call>{"name": "search", "arguments": {"query": "q%d"}}</tool_call>
 def _tool_script(prompt: str) -> str | None:
     turn = prompt.count("assistant: ")
     return CALL % turn if turn < 4 else "42"
-
-
-@pytest.fixture
-async def node_policy(tmp_path: Any) -> AsyncIterator[Any]:
-    """A rollout node's policy: the transformers engine (batching thread) over a tiny model."""
-    from astraflow.models import build_tokenizer
-    from astraflow.raas.engines.base import EngineContext, build_engine
-    from astraflow.raas.policy import NodePolicy
-    from fixtures.workflows import workflow_spec
-
-    spec = workflow_spec(seed=3)
-    tok = build_tokenizer(spec)
-    context = EngineContext(policy="policy", tokenizer=tok, work_dir=tmp_path, model=spec)
-    engine = build_engine({"type": "transformers", "device": "cpu"}, context)
-    policy = NodePolicy("policy", tok, engine, frozen=False, from_store=False)
-    yield policy
-    await policy.close()
 
 
 @pytest.mark.parametrize("transport", ["in_process", "loopback"])
@@ -82,15 +70,7 @@ async def test_sdk_agent_with_tool_calls_is_trained_on_exact_tokens(
 async def test_node_engine_tokens_and_logprobs_are_captured_bit_for_bit(
     endpoint: AgentEndpoint, node_policy: Any
 ) -> None:
-    produced: list[Any] = []
-    inner = node_policy.generate
-
-    async def spy(*args: Any, **kw: Any) -> Any:
-        gens = await inner(*args, **kw)
-        produced.extend(gens)
-        return gens
-
-    node_policy.generate = spy
+    produced = record_generations(node_policy)
     wf = agent_workflow(endpoint, "fixtures.agents:chat_agent")
     task = agent_task("t-engine", prompt="1+2=", turns=4, max_tokens=5)
     (sample,) = await wf(task, {"policy": node_policy}, {})

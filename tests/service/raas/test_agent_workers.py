@@ -19,7 +19,7 @@ import pytest
 
 from astraflow.errors import WorkflowError
 from astraflow.raas.endpoint import AgentEndpoint
-from fixtures.workflows import TinyPolicy, agent_task, agent_workflow
+from fixtures.workflows import TinyPolicy, agent_task, agent_workflow, record_generations
 
 pytest.importorskip("openai")
 
@@ -33,33 +33,13 @@ def _alive(pid: int) -> bool:
 
 
 async def test_agents_in_workers_train_on_the_engines_tokens(
-    endpoint: AgentEndpoint, tmp_path: Any
+    endpoint: AgentEndpoint, node_policy: Any
 ) -> None:
-    from astraflow.models import build_tokenizer
-    from astraflow.raas.engines.base import EngineContext, build_engine
-    from astraflow.raas.policy import NodePolicy
-    from fixtures.workflows import workflow_spec
-
-    spec = workflow_spec(seed=3)
-    tok = build_tokenizer(spec)
-    context = EngineContext(policy="policy", tokenizer=tok, work_dir=tmp_path, model=spec)
-    engine = build_engine({"type": "transformers", "device": "cpu"}, context)
-    policy = NodePolicy("policy", tok, engine, frozen=False, from_store=False)
-    produced: list[Any] = []
-    inner = policy.generate
-
-    async def spy(*args: Any, **kw: Any) -> Any:
-        gens = await inner(*args, **kw)
-        produced.extend(gens)
-        return gens
-
-    policy.generate = spy  # type: ignore[method-assign]
+    policy, tok = node_policy, node_policy.tokenizer
+    produced = record_generations(policy)
     wf = agent_workflow(endpoint, "fixtures.agents:worker_agent", workers=2, tools=["calculator"])
     tasks = [agent_task(f"w{i}", prompt=f"ep{i}", turns=3, max_tokens=4) for i in range(8)]
-    try:
-        results = await asyncio.gather(*(wf(t, {"policy": policy}, {}) for t in tasks))
-    finally:
-        await policy.close()
+    results = await asyncio.gather(*(wf(t, {"policy": policy}, {}) for t in tasks))
     assert wf.workers is not None and wf.workers.started == 2
     pids = set(wf.workers.pids())
     assert len(pids) == 2 and os.getpid() not in pids
