@@ -110,10 +110,27 @@ class BatchingEngine(abc.ABC):
         return result
 
     def metrics(self) -> dict[str, float]:
-        """Batches run, their mean size (how well concurrent requests were batched) and the
-        seconds spent generating (``busy_s``: busy fraction = its growth / wall time)."""
+        """Batches run, their mean size (how well concurrent requests were batched), the
+        seconds spent generating (``busy_s``: busy fraction = its growth / wall time) and the
+        engine thread's CPU seconds so far, read now, mid-batch too (``cpu_s``: what
+        generating and loading weights cost, apart from the process's other threads)."""
         mean = self._batched / self._batches if self._batches else 0.0
-        return {"batches": float(self._batches), "mean_batch_size": mean, "busy_s": self._busy_s}
+        return {
+            "batches": float(self._batches),
+            "mean_batch_size": mean,
+            "busy_s": self._busy_s,
+            "cpu_s": self._thread_cpu_s(),
+        }
+
+    def _thread_cpu_s(self) -> float:
+        """CPU seconds of the engine thread (0 once it has ended)."""
+        ident = self._thread.ident
+        if ident is None or not self._thread.is_alive():
+            return 0.0
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(ident))
+        except (OSError, AttributeError):  # the thread ended just now; no such clock here
+            return 0.0
 
     def call_blocking(self, fn: Callable[[], T], timeout_s: float | None = None) -> T:
         """Run ``fn`` on the engine thread from a thread that is not an event loop's."""
