@@ -47,5 +47,16 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "== chromium could not be installed here: the dashboard's browser test will be skipped"
   fi
 fi
-echo "== mypy"; .venv/bin/mypy
-echo "== pytest"; .venv/bin/pytest --durations=30 "$@"
+# mypy (one core, ~1 minute) runs beside pytest; its report follows pytest's, and either
+# failing fails the run
+MYPY_LOG=$(mktemp)
+.venv/bin/mypy >"$MYPY_LOG" 2>&1 &
+MYPY_PID=$!
+echo "== pytest (mypy runs beside it)"
+PYTEST_RC=0
+.venv/bin/pytest --durations=30 "$@" || PYTEST_RC=$?
+MYPY_RC=0
+wait "$MYPY_PID" || MYPY_RC=$?
+echo "== mypy"; cat "$MYPY_LOG"; rm -f "$MYPY_LOG"
+[[ $PYTEST_RC == 0 ]] || exit "$PYTEST_RC"
+exit "$MYPY_RC"
