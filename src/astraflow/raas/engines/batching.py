@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -88,6 +89,7 @@ class BatchingEngine(abc.ABC):
         self._batches = 0
         self._batched = 0
         self._busy_s = 0.0
+        self._cpu_s = 0.0  # the engine thread's CPU seconds, last read
         self._backlog: list[_Job] = []
         """Jobs taken off the queue that run before it (met while collecting or joining)."""
         self._joins_closed = False
@@ -123,14 +125,15 @@ class BatchingEngine(abc.ABC):
         }
 
     def _thread_cpu_s(self) -> float:
-        """CPU seconds of the engine thread (0 once it has ended)."""
+        """CPU seconds of the engine thread: a counter that never goes back (once the
+        thread has ended, or where there is no per-thread clock, its last reading)."""
         ident = self._thread.ident
-        if ident is None or not self._thread.is_alive():
-            return 0.0
-        try:
-            return time.clock_gettime(time.pthread_getcpuclockid(ident))
-        except (OSError, AttributeError):  # the thread ended just now; no such clock here
-            return 0.0
+        if ident is not None and self._thread.is_alive():
+            # OSError: the thread ended just now; AttributeError: no per-thread clock here
+            with contextlib.suppress(OSError, AttributeError):
+                now = time.clock_gettime(time.pthread_getcpuclockid(ident))
+                self._cpu_s = max(self._cpu_s, now)
+        return self._cpu_s
 
     def call_blocking(self, fn: Callable[[], T], timeout_s: float | None = None) -> T:
         """Run ``fn`` on the engine thread from a thread that is not an event loop's."""
