@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 import pydantic
+import pydantic_core
 import uvicorn
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from starlette.applications import Starlette
@@ -137,11 +137,12 @@ class EnvServer:
             raw += chunk
             if len(raw) > limit:
                 raise PayloadTooLargeError(f"request body over {self.config.max_body_kb} KiB")
-        try:
-            data = json.loads(raw or b"{}")
-            return model.model_validate(data)
-        except json.JSONDecodeError as exc:
+        try:  # pydantic's parser: bounded nesting, no lone surrogates (json.loads has neither)
+            data = pydantic_core.from_json(raw or b"{}")
+        except ValueError as exc:
             raise ValidationError(f"request body is not JSON: {exc}") from exc
+        try:
+            return model.model_validate(data)
         except pydantic.ValidationError as exc:
             err = exc.errors(include_url=False)[0]
             where = ".".join(str(p) for p in err["loc"]) or "body"

@@ -279,3 +279,23 @@ async def _take_all(client: Any, n: int) -> list[Any]:
             samples += batch.samples
             await asyncio.to_thread(client.ack, AckRequest(batch_id=batch.batch_id))
     return samples
+
+
+def test_hostile_json_gets_400_not_a_crash() -> None:
+    """Bodies within the size limit that break a naive parser: nesting past the interpreter's
+    recursion limit and a lone UTF-16 surrogate. Each is refused as bad input."""
+    server = ThreadedEnvServer(EnvServerConfig.model_validate({"env": "gridnav", "port": 0}))
+    url = server.start()
+    try:
+        a = httpx.post(f"{url}/reset", json={"seed": 1}).json()["episode_id"]
+        before = httpx.get(f"{url}/state", params={"episode_id": a}).json()
+        for body in (
+            b'{"episode_id": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+            b'{"episode_id": "%s", "action": {"message": "\\ud800"}}' % a.encode(),
+        ):
+            bad = httpx.post(f"{url}/step", content=body)
+            assert bad.status_code == 400, bad.text
+            assert "not JSON" in bad.json()["error"]["message"]
+        assert httpx.get(f"{url}/state", params={"episode_id": a}).json() == before
+    finally:
+        server.stop()

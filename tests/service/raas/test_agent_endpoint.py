@@ -248,8 +248,15 @@ async def test_bad_requests_get_openai_errors(endpoint: AgentEndpoint, transport
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         r = await raw.get("/models", headers=auth)
         assert r.status_code == 200
-        r = await raw.post("/chat/completions", content=b"{not json", headers=auth)
-        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+        for body in (
+            b"{not json",
+            b'{"model": "policy", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}",  # nesting
+            # a lone UTF-16 surrogate: valid JSON to json.loads, no text to a tokenizer
+            b'{"model": "policy", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        ):
+            r = await raw.post("/chat/completions", content=body, headers=auth)
+            assert r.status_code == 400, (body[:60], r.text)
+            assert r.json()["error"]["type"] == "invalid_request_error"
         r = await raw.post("/chat/completions", json={"model": "policy"}, headers=auth)
         assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
     # nothing of the refused requests was recorded
