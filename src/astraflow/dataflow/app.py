@@ -67,6 +67,7 @@ from astraflow.records import (
     SubmitManyRequest,
     SubmitRequest,
     TakeBatchRequest,
+    WatchVersionsRequest,
 )
 
 __all__ = ["STATUS", "create_app", "status_for"]
@@ -247,6 +248,23 @@ class _Routes:
         """Liveness."""
         return await self.runtime.call(self.service.health)
 
+    async def announce(self, request: Request) -> Any:
+        """Announce a version; the version watches answer."""
+        reply = await self.call(PolicyVersion, self.service.announce)(request)
+        self.runtime.announced()
+        return reply
+
+    async def watch_versions(self, request: Request) -> Any:
+        """Long-poll for versions newer than the caller knows of."""
+        async with self.intake.record(WatchVersionsRequest, request) as req:
+            gone = asyncio.Event()
+            watcher = asyncio.create_task(_hang_up(request, gone))
+            try:
+                latest = await self.runtime.watch_versions(req, gone)
+            finally:
+                watcher.cancel()
+        return {p: v.model_dump(mode="json") for p, v in latest.items()}
+
     async def versions(self, request: Request) -> Any:
         """Latest versions."""
         latest = await self.runtime.call(self.service.versions)
@@ -284,7 +302,8 @@ class _Routes:
             "submit_many": call(SubmitManyRequest, s.submit_many),
             "release": call(ReleaseRequest, s.release), "take": self.take, "ack": self.ack,
             "hand_back": self.hand_back,
-            "announce": call(PolicyVersion, s.announce), "versions": self.versions,
+            "announce": self.announce, "versions": self.versions,
+            "watch_versions": self.watch_versions,
             "report": self.report, "pool_sizes": self.pool_sizes,
             "set_pool_size": call(PoolSizeRequest, s.set_pool_size), "metrics": self.metrics,
             "post_metrics": self.post_metrics,

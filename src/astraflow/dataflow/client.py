@@ -53,6 +53,7 @@ from astraflow.records import (
     SubmitReply,
     SubmitRequest,
     TakeBatchRequest,
+    WatchVersionsRequest,
     pack,
     parse,
     parse_json,
@@ -66,8 +67,9 @@ T = TypeVar("T", bound=BaseModel)
 _MAX_BACKOFF_S = 5.0
 #: Connections an asyncio client keeps to the service. Concurrent calls beyond it queue in
 #: the pool: a node whose tasks end together (one engine batch) would otherwise open one
-#: connection per task, and httpcore checks every pooled connection on each request.
-_ASYNC_CONNECTIONS = 4
+#: connection per task, and httpcore checks every pooled connection on each request. A node's
+#: version watch holds one of them open.
+_ASYNC_CONNECTIONS = 5
 
 
 Body = tuple[bytes, dict[str, str]]
@@ -177,6 +179,7 @@ ACK = Endpoint("POST", "/v1/batches/ack", _none)
 HAND_BACK = Endpoint("POST", "/v1/batches/release", _reply(HandBackReply))
 ANNOUNCE = Endpoint("POST", "/v1/versions", _reply(AnnounceReply))
 VERSIONS = Endpoint("GET", "/v1/versions", _versions)
+WATCH_VERSIONS = Endpoint("POST", "/v1/versions/watch", _versions)
 REPORT = Endpoint("GET", "/v1/report", _reply(DataflowReport))
 POOL_SIZES = Endpoint("GET", "/v1/admin/pools", _reply(PoolSizes))
 SET_POOL_SIZE = Endpoint("POST", "/v1/admin/pools", _reply(PoolSize))
@@ -318,6 +321,10 @@ class DataflowClient(_Base):
         """Latest version per policy."""
         return self._call(VERSIONS())
 
+    def watch_versions(self, req: WatchVersionsRequest) -> dict[str, PolicyVersion]:
+        """Latest version per policy, once one in ``req.known`` is newer (or at the timeout)."""
+        return self._call(WATCH_VERSIONS(req, timeout_s=self.timeout_s + req.timeout_s))
+
     def report(self) -> DataflowReport:
         """The pool report."""
         return self._call(REPORT())
@@ -424,6 +431,10 @@ class AsyncDataflowClient(_Base):
     async def versions(self) -> dict[str, PolicyVersion]:
         """Latest version per policy."""
         return await self._call(VERSIONS())
+
+    async def watch_versions(self, req: WatchVersionsRequest) -> dict[str, PolicyVersion]:
+        """Latest version per policy, once one in ``req.known`` is newer (or at the timeout)."""
+        return await self._call(WATCH_VERSIONS(req, timeout_s=self.timeout_s + req.timeout_s))
 
     async def report(self) -> DataflowReport:
         """The pool report."""

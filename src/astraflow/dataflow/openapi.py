@@ -63,6 +63,9 @@ ENDPOINTS: Final[tuple[Endpoint, ...]] = (
     Endpoint("announce", "POST", "/v1/versions", "trainer", r.PolicyVersion, r.AnnounceReply,
              "Announce a published policy version"),
     Endpoint("versions", "GET", "/v1/versions", None, None, "versions", "Latest versions"),
+    Endpoint("watch_versions", "POST", "/v1/versions/watch", None, r.WatchVersionsRequest,
+             "versions", "Long-poll: the latest versions once a policy in `known` has a newer "
+             "one, or at the timeout (a caller that hangs up ends it)"),
     Endpoint("report", "GET", "/v1/report", None, None, r.DataflowReport, "The pool report"),
     Endpoint("pool_sizes", "GET", "/v1/admin/pools", "admin", None, r.PoolSizes,
              "Desired, observed and target node counts per pool"),

@@ -31,7 +31,9 @@ from astraflow.records import (
     HandBackRequest,
     LeaseReply,
     LeaseRequest,
+    PolicyVersion,
     TakeBatchRequest,
+    WatchVersionsRequest,
 )
 
 __all__ = ["WRITER_TIMES", "ServiceRuntime"]
@@ -58,6 +60,8 @@ class ServiceRuntime:
         self._takers: dict[tuple[str, str], set[asyncio.Event]] = {}
         """The hang-up events of the takes waiting, per (policy, trainer)."""
         self._round = asyncio.Event()
+        self._announced = asyncio.Event()
+        """Replaced and set at each announcement: wakes the version watches."""
         self.lease_hold_s = service.config.regulation.sync_lease_hold_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -86,6 +90,7 @@ class ServiceRuntime:
         if self._stop is not None:
             self._stop.set()
         self._wake_round()  # held leases answer now
+        self.announced()  # and version watches
         if self._sweeper is not None:
             await self._sweeper
         self.service.on_buffer_change = None
@@ -172,6 +177,29 @@ class ServiceRuntime:
                     del self._takers[key]
             with contextlib.suppress(RuntimeError):  # the writer is gone when shutting down
                 await self.call(s.wait_ended, req.trainer_id, req.policy, handle)
+
+    def announced(self) -> None:
+        """A version was announced: the version watches look again."""
+        ev, self._announced = self._announced, asyncio.Event()
+        ev.set()
+
+    async def watch_versions(
+        self, req: WatchVersionsRequest, gone: asyncio.Event | None = None
+    ) -> dict[str, PolicyVersion]:
+        """Long-poll: the latest versions once one named in ``req.known`` is newer than the
+        version given for it, at the timeout, when ``gone`` is set or the service stops."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(req.timeout_s, self.max_take_timeout_s)
+        gone = gone if gone is not None else asyncio.Event()
+        while True:
+            ev = self._announced  # taken before looking: no announcement is missed
+            latest = await self.call(self.service.versions)
+            newer = any(v.version > req.known[p] for p, v in latest.items() if p in req.known)
+            remaining = deadline - loop.time()
+            stopping = self._stop is not None and self._stop.is_set()
+            if newer or not req.known or remaining <= 0 or stopping or gone.is_set():
+                return latest
+            await _first(ev, gone, remaining)
 
     async def hand_back(self, req: HandBackRequest) -> HandBackReply:
         """End the trainer's waiting takes (they give no batch), then buffer its open

@@ -73,6 +73,10 @@ class NodeSettings(ConfigModel):
     (``/v1/submit/many``): tasks that generated in one engine batch end together, and one
     request for all of them costs the node and the dataflow far less than one each. 0: one
     request per task."""
+    watch_versions_s: float = Field(default=30.0, ge=0, le=600)
+    """Hold a long-poll (``/v1/versions/watch``) of up to this long open to hear of each new
+    version as it is announced, and pull it (eager refresh) while tasks still generate with
+    the one before; 0: hear of versions only from lease and heartbeat replies."""
     idle_wait_s: float = Field(default=1.0, gt=0)
     """Wait before leasing again after an empty reply that named no retry time."""
     request_timeout_s: float = Field(default=30.0, gt=0)

@@ -7,12 +7,12 @@ The real ones are ``astraflow.dataflow.client.AsyncDataflowClient`` and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from astraflow import records as rec
 from astraflow.raas.engines.base import WeightSource
 
-__all__ = ["TaskFeed", "WeightFeed"]
+__all__ = ["TaskFeed", "VersionWatch", "WeightFeed"]
 
 
 class TaskFeed(Protocol):
@@ -40,6 +40,15 @@ class TaskFeed(Protocol):
 
     async def close(self) -> None:
         """Release connections."""
+        ...
+
+
+@runtime_checkable
+class VersionWatch(Protocol):
+    """A feed that can long-poll for new versions (the node hears of them as announced)."""
+
+    async def watch_versions(self, req: rec.WatchVersionsRequest) -> dict[str, rec.PolicyVersion]:
+        """The latest versions once one in ``req.known`` is newer, or at the timeout."""
         ...
 
 

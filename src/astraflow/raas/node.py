@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from astraflow.errors import NotFoundError
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.endpoint import AgentEndpoint, bind_endpoint
 from astraflow.raas.hosting import build_tools, build_workflows, host_policy
-from astraflow.raas.io import TaskFeed, WeightFeed
+from astraflow.raas.io import TaskFeed, VersionWatch, WeightFeed
 from astraflow.raas.policy import NodePolicy, held_versions
 from astraflow.raas.runner import TaskRunner
 from astraflow.raas.stats import NodeMeter, detect_hardware
@@ -50,6 +51,7 @@ from astraflow.records import (
     ReleaseRequest,
     RenewRequest,
     Task,
+    WatchVersionsRequest,
 )
 from astraflow.workflows.api import Tool, Workflow
 
@@ -183,13 +185,14 @@ class RolloutNode:
         """Run the loops until a stop is requested, then drain (grace period, release)."""
         heartbeat = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
         refresher = asyncio.create_task(self._refresh_loop(), name="refresh")
+        watcher = asyncio.create_task(self._watch_loop(), name="version-watch")
         try:
             await self._lease_loop()
             await self._drain()
         finally:
-            for loop_task in (heartbeat, refresher):
+            for loop_task in (heartbeat, refresher, watcher):
                 loop_task.cancel()
-            await asyncio.gather(heartbeat, refresher, return_exceptions=True)
+            await asyncio.gather(heartbeat, refresher, watcher, return_exceptions=True)
 
     async def close(self) -> None:
         """Cancel what still runs and close engines and clients (idempotent)."""
@@ -247,13 +250,14 @@ class RolloutNode:
                 continue
             if free < cfg.capacity:
                 free = await self._coalesce()
+            whoami = self._whoami()
             try:
                 reply = await self.dataflow.lease(
                     LeaseRequest(
                         capacity=free,
                         workflows=sorted(self.workflows),
                         incarnation=self.incarnation,
-                        **self._whoami(),
+                        **whoami,
                     )
                 )
             except Exception as exc:  # loop boundary: the dataflow may be down for a while
@@ -271,9 +275,27 @@ class RolloutNode:
                     log.warning("lease without a secret task=%s: not run", task.task_id)
                     continue
                 self._start(task, secret)
-            if not reply.tasks:  # short when a refresh is due: it runs before the next lease
+            if not reply.tasks:
+                # the refresh runs at the top of the loop, then the next lease (at once also
+                # when the refresh loop moved on while the lease was answered)
+                if reply.refresh and (
+                    self._can_refresh(reply.refresh) or self._held() != whoami["versions"]
+                ):
+                    continue
+                # short when a refresh is due that has no newer version to go to yet
                 wait = reply.retry_after_s or cfg.idle_wait_s
                 await self._pause(min(wait, ERROR_BACKOFF_S / 20) if reply.refresh else wait)
+
+    def _can_refresh(self, names: Iterable[str]) -> bool:
+        """Some policy of ``names`` is hosted, trained and behind the newest version announced:
+        a refresh now gets it closer (else the dataflow waits for a version not yet heard of,
+        and leasing again at once would only spin)."""
+        return any(
+            (policy := self.policies.get(name)) is not None
+            and not policy.frozen
+            and self._latest.get(name, -1) > policy.version
+            for name in names
+        )
 
     async def _coalesce(self) -> int:
         """Wait up to ``lease_wait_s`` for more running tasks to end; the free slots then."""
@@ -390,6 +412,33 @@ class RolloutNode:
                     )
                     self.meter.lost += 1
                     running.runner.cancel()
+
+    async def _watch_loop(self) -> None:
+        """Hear of each new version of a trained, eagerly refreshed policy as it is announced,
+        so the refresh loop pulls it while tasks still generate with the one before (from
+        lease and heartbeat replies alone, a node busy with its tasks hears of a version only
+        when they end, and then pulls it on the critical path)."""
+        cfg = self.config
+        feed = self.dataflow
+        watched = [name for name, policy in self.policies.items()
+                   if not policy.frozen and cfg.policies[name].refresh == "eager"]  # fmt: skip
+        if cfg.watch_versions_s <= 0 or not watched or not isinstance(feed, VersionWatch):
+            return
+        while not self._stop.is_set():
+            known = {name: max(self._latest.get(name, -1), self.policies[name].version)
+                     for name in watched}  # fmt: skip
+            try:
+                versions = await feed.watch_versions(
+                    WatchVersionsRequest(known=known, timeout_s=cfg.watch_versions_s)
+                )
+            except NotFoundError:  # a dataflow service without the route: leases tell instead
+                log.info("the dataflow service has no version watch: versions come with leases")
+                return
+            except Exception as exc:  # loop boundary: the dataflow may be down for a while
+                log.debug("version watch failed node=%s error=%r", cfg.node_id, exc)
+                await self._pause(ERROR_BACKOFF_S)
+                continue
+            self._note_versions(versions)
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -334,6 +334,30 @@ class PolicyVersion(Record):
     lock-step rounds, so the other policies' trainers go on. A later version re-activates it."""
 
 
+class WatchVersionsRequest(Record):
+    """Long-poll for new versions: answered with the latest versions (as ``GET /v1/versions``)
+    once a policy named in ``known`` has one newer than the version given for it, or at the
+    timeout. A node holds one open to start pulling a version as it is announced, while it
+    still generates with the one before (it would otherwise hear of it only at its next
+    lease or heartbeat)."""
+
+    known: dict[Name, int] = Field(default_factory=dict, max_length=256)
+    """Policy -> the newest version the caller knows of (-1: none yet). Empty: answered at
+    once."""
+    timeout_s: float = Field(default=30.0, ge=0, le=600)
+    """Wait up to this long (the service caps it at ``limits.max_take_timeout_s``)."""
+
+    @field_validator("known")
+    @classmethod
+    def _versions_in_range(cls, known: dict[str, int]) -> dict[str, int]:
+        for policy, version in known.items():
+            if not -1 <= version <= MAX_WIRE_INT:
+                raise ValueError(
+                    f"known[{policy!r}] is {version}: a version is -1 (none yet) to {MAX_WIRE_INT}"
+                )
+        return known
+
+
 # --------------------------------------------------------------------------- node <-> dataflow
 
 

@@ -16,6 +16,7 @@ from fixtures.dataflow import make_config
 
 LEASE = json.dumps({"node_id": "n1", "capacity": 1, "workflows": ["rlvr"]})
 TAKE = json.dumps({"policy": "solver", "trainer_version": 0, "timeout_s": 0})
+WATCH = json.dumps({"known": {"solver": 0}, "timeout_s": 0})
 POINTS = json.dumps(
     {"points": [{"policy": "solver", "source": "eval", "version": 1, "time": 1.0,
                  "values": {"accuracy": 0.5}}]}
@@ -33,6 +34,7 @@ MATRIX = [
     ("GET", "/v1/report", None, [401, 401, 200, 200, 200, 200]),
     ("GET", "/metrics", None, [401, 401, 200, 200, 200, 200]),
     ("GET", "/v1/versions", None, [401, 401, 200, 200, 200, 200]),
+    ("POST", "/v1/versions/watch", WATCH, [401, 401, 200, 200, 200, 200]),
     ("POST", "/v1/admin/metrics", POINTS, [401, 401, 403, 403, 200, 403]),
 ]
 

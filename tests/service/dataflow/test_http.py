@@ -25,6 +25,7 @@ from astraflow.records import (
     SubmitRequest,
     TakeBatchRequest,
     Task,
+    WatchVersionsRequest,
 )
 from fixtures.dataflow import granted, make_config, make_group, ref_of, secret_of
 
@@ -313,3 +314,34 @@ def test_a_hand_back_ends_the_trainers_waiting_take(dataflow_server: str) -> Non
         for task in lease(c, capacity=1):
             submit(c, task)
         assert c.report().policies["solver"].buffered_samples == 2  # not served to the waiter
+
+
+def test_a_version_watch_answers_as_a_version_is_announced(dataflow_server: str) -> None:
+    def announce(c: DataflowClient, version: int) -> None:
+        c.announce(PolicyVersion(policy="solver", version=version,
+                                 manifest=f"solver/v{version}/manifest.json"))  # fmt: skip
+
+    answers: list[dict[str, PolicyVersion]] = []
+    with DataflowClient(dataflow_server) as c, DataflowClient(dataflow_server) as watcher:
+        announce(c, 1)
+        behind = c.watch_versions(WatchVersionsRequest(known={"solver": 0}, timeout_s=30.0))
+        assert behind["solver"].version == 1  # a caller behind is answered at once
+
+        def watch() -> None:
+            answers.append(watcher.watch_versions(
+                WatchVersionsRequest(known={"solver": 1}, timeout_s=30.0)))  # fmt: skip
+
+        waiting = threading.Thread(target=watch)
+        waiting.start()
+        time.sleep(0.3)
+        assert waiting.is_alive() and answers == []  # up to date: it waits
+        announce(c, 2)
+        waiting.join(timeout=10)  # far less than its 30 s long-poll
+        assert not waiting.is_alive() and answers[0]["solver"].version == 2
+        # nothing newer within the timeout: the latest versions, as GET /v1/versions
+        quiet = c.watch_versions(WatchVersionsRequest(known={"solver": 2}, timeout_s=0.2))
+        assert quiet == c.versions() and quiet["solver"].version == 2
+        # a policy the service does not have never wakes it; no policy named: at once
+        other = c.watch_versions(WatchVersionsRequest(known={"ghost": 5}, timeout_s=0.2))
+        assert other["solver"].version == 2
+        assert c.watch_versions(WatchVersionsRequest(timeout_s=30.0)) == quiet

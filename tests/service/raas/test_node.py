@@ -215,3 +215,40 @@ async def test_a_lost_lease_cancels_its_task_without_a_report(
         await asyncio.wait_for(runner, 60)
         client.close()
         harness.stop()
+
+
+async def test_a_busy_node_pulls_a_version_as_it_is_announced(
+    tmp_path: Path, store: PolicyStore, weight_server: str
+) -> None:
+    """A node whose slots are all busy hears of a new version from its version watch and
+    pulls it while the task still runs: not at its next lease (none while it is full), nor
+    at its next heartbeat (108 s away here)."""
+    from fixtures.raas import SLEEPY
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["1+1="], sleep_s=60.0)
+    harness = DataflowHarness(
+        dataflow_config(tmp_path / "df", tasks, ttl_s=120.0, workflow=SLEEPY, group_size=1)
+    )
+    config = _node_config(harness.url, weight_server, tmp_path, workflows={SLEEPY: {}},
+                          capacity=1, heartbeat_fraction=0.9)  # fmt: skip
+    node = RolloutNode(config)
+    client = harness.client()
+    runner = asyncio.create_task(node.run())
+    try:
+        deadline = time.monotonic() + 30
+        while not node._running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert node._running, "the node leased its one task"
+        store.publish_perturbed(1, fraction=0.2)
+        ref = store.store.manifest_ref("policy", 1)
+        client.announce(PolicyVersion(policy="policy", version=1, manifest=ref))
+        deadline = time.monotonic() + 30
+        while node.policies["policy"].version != 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert node.policies["policy"].version == 1
+        assert node._running and client.report().tasks.done == 0  # the task still runs
+    finally:
+        node.request_stop()
+        await asyncio.wait_for(runner, 60)
+        client.close()
+        harness.stop()
