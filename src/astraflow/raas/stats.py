@@ -43,12 +43,16 @@ class NodeMeter:
         self.refreshes = 0
         self._started = time.monotonic()
         self._done: deque[tuple[float, int, float]] = deque()  # (time, samples, latency)
+        self._done_samples = 0  # sums over ``_done``, kept as it changes (a snapshot with
+        self._done_latency = 0.0  # every lease must not walk a minute of completions)
         self._tokens: deque[tuple[float, int]] = deque()  # (time, cumulative tokens)
 
     def task_done(self, samples: int, latency_s: float) -> None:
         """A task's samples were accepted."""
         self.completed += 1
         self._done.append((time.monotonic(), samples, latency_s))
+        self._done_samples += samples
+        self._done_latency += latency_s
 
     def task_failed(self) -> None:
         """A task failed (reported to the dataflow)."""
@@ -59,16 +63,20 @@ class NodeMeter:
         now = time.monotonic()
         horizon = now - self.window_s
         while self._done and self._done[0][0] < horizon:
-            self._done.popleft()
+            _, samples_gone, latency_gone = self._done.popleft()
+            self._done_samples -= samples_gone
+            self._done_latency -= latency_gone
+        if not self._done:  # no float residue once the window is empty
+            self._done_samples, self._done_latency = 0, 0.0
         self._tokens.append((now, tokens_total))
         while len(self._tokens) > 2 and self._tokens[1][0] < horizon:
             self._tokens.popleft()
         first_t, first_n = self._tokens[0]
         span = now - first_t
         tokens_per_s = (tokens_total - first_n) / span if span > 0 else 0.0
-        samples = sum(s for _, s, _ in self._done)
+        samples = self._done_samples
         window = min(self.window_s, now - self._started)
-        latency = sum(lat for _, _, lat in self._done) / len(self._done) if self._done else 0.0
+        latency = max(0.0, self._done_latency) / len(self._done) if self._done else 0.0
         return NodeStats(
             samples_per_s=samples / window if window > 0 else 0.0,
             tokens_per_s=max(0.0, tokens_per_s),

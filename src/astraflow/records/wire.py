@@ -87,7 +87,11 @@ JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
 def _array_validator(dtype: str) -> BeforeValidator:
     wire = np.dtype(dtype).newbyteorder("<")
 
+    target = np.dtype(dtype)
+
     def convert(value: Any) -> npt.NDArray[Any]:
+        if isinstance(value, np.ndarray) and value.dtype == target and value.ndim == 1:
+            return value.copy()  # built in process with the right dtype: in range already
         if isinstance(value, (bytes, bytearray, memoryview)):
             raw = bytes(value)
             if len(raw) % wire.itemsize:
@@ -101,7 +105,6 @@ def _array_validator(dtype: str) -> BeforeValidator:
             raise ValueError(f"expected a 1-D array, got shape {arr.shape}")
         if arr.size and arr.dtype.kind not in "iufb":
             raise ValueError(f"expected numbers, got dtype {arr.dtype}")
-        target = np.dtype(dtype)
         if target.kind in "iu" and arr.size:
             if arr.dtype.kind == "f" and not (
                 np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))

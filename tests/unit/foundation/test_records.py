@@ -93,6 +93,27 @@ def test_bad_sample_names_the_field(change: dict[str, Any], field: str) -> None:
     assert field in str(info.value)
 
 
+def test_arrays_of_the_wire_dtype_are_still_checked_and_copied() -> None:
+    # a workflow builds samples from int32 / uint8 / float32 arrays: they skip the conversion,
+    # not the checks, and the sample owns its own copy
+    tokens = np.arange(12, dtype=np.int32) % 7
+    sample = make_sample(token_ids=tokens, loss_mask=np.r_[[0] * 4, [1] * 8].astype(np.uint8))
+    tokens[0] = 5
+    assert sample.token_ids[0] == 0 and sample.token_ids.dtype == np.int32
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"token_ids": np.full(12, -1, dtype=np.int32)}, "token_ids"),
+        ({"token_ids": np.zeros((3, 4), dtype=np.int32)}, "token_ids"),
+        ({"loss_mask": np.full(12, 2, dtype=np.uint8)}, "loss_mask"),
+        ({"logprobs": np.full(12, np.nan, dtype=np.float32)}, "logprobs"),
+        ({"versions": np.full(12, -2, dtype=np.int32)}, "versions"),
+        ({"versions": np.zeros(5, dtype=np.int32)}, "versions"),
+    ]
+    for change, field in bad:
+        with pytest.raises(ValidationError) as info:
+            parse(Sample, {**make_sample().model_dump(), **change})
+        assert info.value.field == field, change
+
+
 def test_vocab_check() -> None:
     s = make_sample()
     s.check_vocab(7)
