@@ -75,6 +75,7 @@ __all__ = ["STATUS", "create_app", "status_for"]
 log = logging.getLogger(__name__)
 
 RecordT = TypeVar("RecordT", bound=BaseModel)
+ResultT = TypeVar("ResultT")
 
 #: The one error → HTTP status table (most specific class first in the MRO wins).
 STATUS: dict[type[AstraflowError], int] = {
@@ -219,15 +220,25 @@ class _Routes:
         async with self.intake.record(LeaseRequest, request) as req:
             return await self.runtime.lease(req)
 
-    async def take(self, request: Request) -> Response:
-        """Long-poll for a batch: msgpack, or 204 when the wait timed out."""
-        async with self.intake.record(TakeBatchRequest, request) as req:
+    async def _long_poll(
+        self,
+        request: Request,
+        cls: type[RecordT],
+        wait: Callable[[RecordT, asyncio.Event], Awaitable[ResultT]],
+    ) -> ResultT:
+        """Decode ``cls`` and wait on it; a caller that hangs up sets the event ``wait`` gets
+        (it then ends at once, giving the caller nothing)."""
+        async with self.intake.record(cls, request) as req:
             gone = asyncio.Event()
             watcher = asyncio.create_task(_hang_up(request, gone))
             try:
-                got = await self.runtime.take_batch(req, gone)
+                return await wait(req, gone)
             finally:
                 watcher.cancel()
+
+    async def take(self, request: Request) -> Response:
+        """Long-poll for a batch: msgpack, or 204 when the wait timed out."""
+        got = await self._long_poll(request, TakeBatchRequest, self.runtime.take_batch)
         if got is None:
             return Response(status_code=204)
         batch_id, data, n = got
@@ -256,13 +267,7 @@ class _Routes:
 
     async def watch_versions(self, request: Request) -> Any:
         """Long-poll for versions newer than the caller knows of."""
-        async with self.intake.record(WatchVersionsRequest, request) as req:
-            gone = asyncio.Event()
-            watcher = asyncio.create_task(_hang_up(request, gone))
-            try:
-                latest = await self.runtime.watch_versions(req, gone)
-            finally:
-                watcher.cancel()
+        latest = await self._long_poll(request, WatchVersionsRequest, self.runtime.watch_versions)
         return {p: v.model_dump(mode="json") for p, v in latest.items()}
 
     async def versions(self, request: Request) -> Any:
