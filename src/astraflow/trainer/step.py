@@ -1,6 +1,7 @@
 """One optimizer update on one batch: the same code for every backend.
 
-    samples ─► rows (whole-group advantages) ─► pack by token budget ─► this rank's share
+    samples ─► rows (whole-group advantages) ─► [drop rows with advantage 0: no gradient]
+       ─► pack by token budget ─► this rank's share
        ─► [M2PO only: no-grad pass → old logprobs → batch-wide mask]
        ─► per micro-batch: forward → per-token loss → sum / batch token count → backward
        ─► clip grad norm ─► optimizer.step ─► scheduler.step ─► stats (reduced over ranks)
@@ -8,6 +9,12 @@
 With one update per batch the "old" policy of the PPO ratio is the current weights, so its
 logprobs are the detached logprobs of the same forward (a separate pass only for M2PO, whose
 mask needs the whole batch first); TIS corrects behaviour → old.
+
+A row whose advantage is exactly 0 (its group's rewards all equal) contributes exactly 0 to
+the policy gradient when there is no KL term, so it is not computed at all (``skip_zero_
+advantage``); its tokens still count in the batch token count that normalises the loss, so the
+gradient, and hence the update, is the one of the whole batch. One row is always kept so that an
+all-zero batch still steps the optimizer (Adam's moments decay as with a zero gradient).
 """
 
 from __future__ import annotations
@@ -89,20 +96,27 @@ class PolicyUpdate:
             eps=self.loss.advantage_eps,
             max_length=self.packing.max_length,
         )
-        bins = pack([r.length for r in rows], self.packing.token_budget)
+        use_m2po = self.loss.type != "sft" and self.loss.m2po_threshold is not None
+        trained, skipped_tokens = rows, 0.0
+        if self._skips_zero_advantage(use_m2po):
+            trained = [r for r in rows if r.advantage != 0.0] or rows[:1]
+            skipped_tokens = float(sum(int(r.loss_mask.sum()) for r in rows)) - float(
+                sum(int(r.loss_mask.sum()) for r in trained)
+            )
+        bins = pack([r.length for r in trained], self.packing.token_budget)
         mine = assign_to_ranks(bins, self.backend.rank, self.backend.world_size)
         pad = self.packing.pad_id
-        mbs = [collate([rows[i] for i in b], pad).to(self.backend.device) for b in mine]
+        mbs = [collate([trained[i] for i in b], pad).to(self.backend.device) for b in mine]
         self.model.train()
         old: list[Tensor | None] = [None] * len(mbs)
         keeps = [mb.loss_mask for mb in mbs]
-        use_m2po = self.loss.type != "sft" and self.loss.m2po_threshold is not None
         if use_m2po:
             recomputed = [self._logprobs(self.model, mb) for mb in mbs]
             keeps = self._m2po_keep(mbs, recomputed)
             old = list(recomputed)
         local_tokens = sum(float(k.sum()) for k in keeps)
-        ntok = float(self.backend.all_reduce_sum(torch.tensor([local_tokens]))[0])
+        # identical on every rank: the skipped rows' tokens are added after the reduction
+        ntok = float(self.backend.all_reduce_sum(torch.tensor([local_tokens]))[0]) + skipped_tokens
         # gradients are averaged over ranks: scale by world size to get the batch sum
         scale = self.backend.world_size / max(ntok, 1.0)
         acc = torch.zeros(len(_SUMS), dtype=torch.float64)
@@ -114,14 +128,26 @@ class PolicyUpdate:
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        stats = self._reduce(acc, ext)
+        stats = self._reduce(acc, ext, skipped_tokens)
         stats.update(_batch_stats(samples, rows))
+        stats["zero_advantage_frac"] = (len(rows) - len(trained)) / max(1, len(rows))
         stats["grad_norm"] = grad_norm
         stats["lr"] = float(self.optimizer.param_groups[0]["lr"])
         stats["step_s"] = time.perf_counter() - start
         return stats
 
     # ------------------------------------------------------------------ pieces
+
+    def _skips_zero_advantage(self, use_m2po: bool) -> bool:
+        """Whether rows with advantage 0 can be left out without changing the update: a
+        policy loss with no KL term (its gradient is proportional to the advantage) and no
+        M2PO mask (which is cut over every token of the batch)."""
+        return (
+            self.loss.skip_zero_advantage
+            and self.loss.type != "sft"
+            and self.ref_model is None
+            and not use_m2po
+        )
 
     def _autocast(self) -> contextlib.AbstractContextManager[None]:
         dtype = self.backend.autocast_dtype
@@ -197,12 +223,19 @@ class PolicyUpdate:
             norm = norm.full_tensor()
         return float(norm)
 
-    def _reduce(self, acc: Tensor, ext: Tensor) -> dict[str, float]:
+    def _reduce(self, acc: Tensor, ext: Tensor, skipped_tokens: float = 0.0) -> dict[str, float]:
+        """Batch figures from the per-rank sums. ``loss`` is the batch objective (skipped rows
+        add 0 to its sum and their tokens to its count); the token figures cover the tokens
+        computed."""
         sums = self.backend.all_reduce_sum(acc).cpu()
         extremes = _all_gather_1d(self.backend, ext).view(-1, len(_EXTREMES)).max(dim=0).values
         s = dict(zip(_SUMS, sums.tolist(), strict=True))
         n = max(s["ntok"], 1.0)
-        out = {"loss": s["loss"] / n, "entropy": s["entropy"] / n, "trained_tokens": s["ntok"]}
+        out = {
+            "loss": s["loss"] / max(s["ntok"] + skipped_tokens, 1.0),
+            "entropy": s["entropy"] / n,
+            "trained_tokens": s["ntok"] + skipped_tokens,
+        }
         if self.loss.type != "sft":
             beh = max(s["ntok"] + s["m2po_masked"], 1.0)
             mean = s["is_ratio"] / beh

@@ -135,3 +135,88 @@ def test_sft_lowers_nll(tiny_model: torch.nn.Module, tiny_tokenizer: Any) -> Non
     for _ in range(20):
         last = update.run(batch)["loss"]
     assert last < first * 0.5
+
+
+def _rows_seen(model: torch.nn.Module) -> list[int]:
+    """Rows each forward of ``model`` computed (a hook on its input embeddings)."""
+    seen: list[int] = []
+    embed = model.get_input_embeddings()  # type: ignore[operator]
+    embed.register_forward_hook(lambda _m, args, _out: seen.append(int(args[0].shape[0])))
+    return seen
+
+
+def test_rows_with_zero_advantage_are_not_computed_and_the_update_is_the_same(
+    tiny_model: torch.nn.Module, tiny_tokenizer: Any
+) -> None:
+    tok = tiny_tokenizer
+    batch = [
+        text_sample(tok, "12+3=", "15", reward=1.0, group="mixed"),
+        text_sample(tok, "12+3=", "16", reward=0.0, group="mixed"),
+        text_sample(tok, "4+4=", "8", reward=1.0, group="solved"),
+        text_sample(tok, "4+4=", "8", reward=1.0, group="solved"),
+        text_sample(tok, "9+9=", "1", reward=0.0, group="failed"),
+        text_sample(tok, "9+9=", "17", reward=0.0, group="failed"),
+        text_sample(tok, "9+9=", "0", reward=0.0, group="failed"),
+    ]
+    batch = [with_model_logprobs(tiny_model, s) for s in batch]
+    twin = copy.deepcopy(tiny_model)
+    skips = _update(tiny_model, LossConfig(tis_cap=2.0), lr=0.5, sgd=True)
+    computes = _update(twin, LossConfig(tis_cap=2.0, skip_zero_advantage=False), lr=0.5, sgd=True)
+    rows_skipping, rows_computing = _rows_seen(tiny_model), _rows_seen(twin)
+    for _ in range(2):
+        a, b = skips.run(batch), computes.run(batch)
+        # the objective and its gradient are those of the whole batch
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+        assert a["trained_tokens"] == b["trained_tokens"] == sum(s.num_generated for s in batch)
+        assert a["zero_advantage_frac"] == pytest.approx(5 / 7)
+        assert b["zero_advantage_frac"] == 0.0
+    assert rows_skipping == [2, 2] and rows_computing == [7, 7]
+    for (name, p), q in zip(tiny_model.named_parameters(), twin.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_a_batch_with_no_advantage_still_steps_the_optimizer(
+    tiny_model: torch.nn.Module, tiny_tokenizer: Any
+) -> None:
+    """Adam moves the weights on its momentum after a zero gradient: skipping every row must
+    not skip that step."""
+    tok = tiny_tokenizer
+    mixed = [
+        with_model_logprobs(tiny_model, text_sample(tok, "2+5=", "7", reward=1.0, group="m")),
+        with_model_logprobs(tiny_model, text_sample(tok, "2+5=", "8", reward=0.0, group="m")),
+    ]
+    flat = [
+        with_model_logprobs(tiny_model, text_sample(tok, "3+1=", c, reward=1.0, group="f"))
+        for c in ("4", "4", "4")
+    ]
+    twin = copy.deepcopy(tiny_model)
+    skips = _update(tiny_model, LossConfig(), lr=1e-2)
+    computes = _update(twin, LossConfig(skip_zero_advantage=False), lr=1e-2)
+    rows = _rows_seen(tiny_model)
+    skips.run(mixed), computes.run(mixed)
+    before = [p.detach().clone() for p in tiny_model.parameters()]
+    stats = skips.run(flat)
+    computes.run(flat)
+    assert stats["zero_advantage_frac"] == pytest.approx(2 / 3) and stats["grad_norm"] == 0.0
+    assert rows == [2, 1]  # one row kept so the step runs
+    moved = zip(tiny_model.parameters(), before, strict=True)
+    assert any(not torch.equal(p, b) for p, b in moved)
+    for (name, p), q in zip(tiny_model.named_parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_zero_advantage_rows_are_computed_when_a_term_needs_every_token(
+    tiny_model: torch.nn.Module, tiny_tokenizer: Any
+) -> None:
+    tok = tiny_tokenizer
+    batch = [
+        with_model_logprobs(tiny_model, text_sample(tok, "6+1=", "7", reward=1.0, group="a")),
+        with_model_logprobs(tiny_model, text_sample(tok, "6+1=", "7", reward=1.0, group="a")),
+        with_model_logprobs(tiny_model, text_sample(tok, "6+2=", "8", reward=1.0, group="b")),
+        with_model_logprobs(tiny_model, text_sample(tok, "6+2=", "9", reward=0.0, group="b")),
+    ]
+    ref = copy.deepcopy(tiny_model).requires_grad_(False)
+    with_kl = _update(copy.deepcopy(tiny_model), LossConfig(kl_coef=0.1), ref=ref).run(batch)
+    m2po = _update(copy.deepcopy(tiny_model), LossConfig(m2po_threshold=0.5)).run(batch)
+    assert with_kl["zero_advantage_frac"] == 0.0 and m2po["zero_advantage_frac"] == 0.0
