@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from astraflow.errors import ServiceUnavailableError, ValidationError
-from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
+from astraflow.raas.engines.base import (
+    EngineContext,
+    EngineOutput,
+    GenerationRequest,
+    build_engine,
+)
 from astraflow.raas.engines.transformers import TransformersEngine
 from astraflow.weights import WeightClient
 from fixtures.models import tiny_spec
@@ -192,19 +197,30 @@ async def test_weight_updates_land_between_batches_only(
     policy_store.publish_perturbed(1, fraction=0.3)
     try:
         await engine.apply(client, "policy", 0)  # from its own init weights: a full copy
-        prompts = [(5, 14, 6 + i % 3, 17) for i in range(24)]
+        applied = asyncio.Event()
 
-        async def one(i: int):  # type: ignore[no-untyped-def]
+        async def racer(i: int) -> list[tuple[tuple[int, ...], EngineOutput, bool]]:
+            """Requests one after another until one is sent after the refresh returned."""
+            got: list[tuple[tuple[int, ...], EngineOutput, bool]] = []
             await asyncio.sleep(0.002 * i)
-            return (await engine.generate([GenerationRequest(prompts[i], max_new_tokens=16)]))[0]
+            while True:
+                after = applied.is_set()
+                prompt = (5, 14, 6 + (i + len(got)) % 3, 17)
+                out = (await engine.generate([GenerationRequest(prompt, max_new_tokens=16)]))[0]
+                got.append((prompt, out, after))
+                if after:
+                    return got
+                await asyncio.sleep(0.002)
 
-        racing = [asyncio.create_task(one(i)) for i in range(24)]
+        racing = [asyncio.create_task(racer(i)) for i in range(12)]
         await asyncio.sleep(0.01)
         await engine.apply(client, "policy", 1)
-        outs = await asyncio.gather(*racing)
-        assert {o.version for o in outs} <= {0, 1} and outs[-1].version == 1
+        applied.set()
+        outs = [o for r in await asyncio.gather(*racing) for o in r]
+        assert {o.version for _, o, _ in outs} == {0, 1}
+        assert all(o.version == 1 for _, o, after in outs if after)
         models = {v: policy_store.model_at(v) for v in (0, 1)}
-        for prompt, out in zip(prompts, outs, strict=True):
+        for prompt, out, _ in outs:
             ref = recompute_logprobs(models[out.version], prompt, out.token_ids.tolist(), 1.0)
             np.testing.assert_allclose(out.logprobs, ref, atol=2e-5)
     finally:

@@ -99,10 +99,48 @@ class BatchingEngine(abc.ABC):
     # ----------------------------------------------------------------- caller side
 
     async def generate(self, requests: Sequence[GenerationRequest]) -> list[EngineOutput]:
-        """Queue every request and wait for all of them (see ``Engine.generate``)."""
+        """Queue every request and wait for all of them (see ``Engine.generate``).
+
+        The caller's loop is woken once per call, when the last request is answered or the
+        first one fails, not once per request (a group of ``n`` samples is one call). The
+        first failure in request order is raised and the requests still queued or running are
+        cancelled; a caller cancelled while waiting cancels them all too.
+        """
         jobs = [Pending(r) for r in requests]
+        if not jobs:
+            return []
+        loop = asyncio.get_running_loop()
+        settled: asyncio.Future[None] = loop.create_future()
+        left = [len(jobs)]
+        lock = threading.Lock()
+
+        def settle() -> None:
+            if not settled.done():
+                settled.set_result(None)
+
+        def answered(future: Future[EngineOutput]) -> None:  # the engine thread, mostly
+            failed = not future.cancelled() and future.exception() is not None
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last or failed:
+                with contextlib.suppress(RuntimeError):  # the caller's loop already closed
+                    loop.call_soon_threadsafe(settle)
+
+        for job in jobs:
+            job.future.add_done_callback(answered)
         self._put(*jobs)
-        return list(await asyncio.gather(*(asyncio.wrap_future(j.future) for j in jobs)))
+        try:
+            await settled
+        finally:
+            for job in jobs:  # cancelled, or one failed: what has not run yet never will
+                job.future.cancel()
+        for job in jobs:
+            if job.future.done() and not job.future.cancelled():
+                exc = job.future.exception()
+                if exc is not None:
+                    raise exc
+        return [job.future.result() for job in jobs]
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the engine thread between batches; return its result."""
