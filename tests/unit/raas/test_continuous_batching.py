@@ -122,3 +122,34 @@ async def test_continuous_batching_off_answers_at_the_batch_end(tmp_path: Path) 
         assert order == ["running", "late"] and engine.metrics()["batches"] == 2
     finally:
         await engine.close()
+
+
+async def test_rows_with_one_prompt_share_one_prefill_and_decode_as_if_alone(
+    tmp_path: Path,
+) -> None:
+    """A group's ``n`` samples of one prompt: the prefill runs each distinct prompt once, and
+    every row's tokens and logprobs are those it gets decoded on its own."""
+    engine = tiny_engine(tmp_path, batch_wait_ms=50.0, max_batch_size=32)
+    try:
+        prompts = [_prompt(engine, p) for p in ("1+2=", "12+34=", "7*8=")]
+        requests = [
+            GenerationRequest(p, max_new_tokens=6, min_new_tokens=2, seed=10 * i + k)
+            for i, p in enumerate(prompts)
+            for k in range(4)
+        ]
+        rows: list[int] = []
+        embed = engine.model.get_input_embeddings()
+        hook = embed.register_forward_hook(lambda _m, args, _o: rows.append(args[0].shape[0]))
+        try:
+            outputs = await engine.generate(requests)
+        finally:
+            hook.remove()
+        assert engine.metrics()["batches"] == 1
+        assert rows[0] == 3, f"the prefill ran {rows[0]} rows for 3 distinct prompts"
+        assert rows[1] == 12
+        for request, out in zip(requests, outputs, strict=True):
+            assert_exact_logprobs(engine.model, request, out)
+            (alone,) = await engine.generate([request])
+            assert out.token_ids.tolist() == alone.token_ids.tolist()
+    finally:
+        await engine.close()

@@ -2,8 +2,9 @@
 
 One call decodes one batch of requests to completion; each row keeps its own temperature,
 top-p, top-k, stop strings, length budget and (optional) seed. Rows are left-padded for
-the prefill; rows that finish are dropped from the batch (and its cache) once enough of
-them have, so long generations do not pay for short ones.
+the prefill, and rows with the same prompt (a group's ``n`` samples) share one prefill; rows
+that finish are dropped from the batch (and its cache) once enough of them have, so long
+generations do not pay for short ones.
 
     prefill(left-padded prompts) ─► logits ─► sample ─► finished? ─► compact ─┐
                                       ▲                                       │
@@ -170,7 +171,7 @@ class BatchDecoder:
         it finishes, so its caller need not wait for the longest row of the batch.
         """
         live = list(rows)
-        cache, mask, positions, out = self._prefill(live)
+        cache, mask, positions, logits = self._prefill(live)
         next_pos = positions[:, -1:] + 1
         params = self._params(live)
         joinable = join is not None and _appendable(cache)
@@ -182,7 +183,7 @@ class BatchDecoder:
                         row.finish_reason = "abort"
                         _notify(on_done, row)
                 return
-            tokens, done = self._draw(live, out.logits, params, on_done)
+            tokens, done = self._draw(live, logits, params, on_done)
             if len(done) == len(live):
                 return
             step = tokens[:, None]
@@ -202,22 +203,36 @@ class BatchDecoder:
                     live += [r for r in new if r.finish_reason is None]
                     params = self._params(live)
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            out = self._forward(step, mask, next_pos, cache)
+            logits = self._forward(step, mask, next_pos, cache).logits
             next_pos = next_pos + 1
 
-    def _prefill(self, rows: Sequence[DecodedRow]) -> tuple[Any, torch.Tensor, torch.Tensor, Any]:
+    def _prefill(
+        self, rows: Sequence[DecodedRow]
+    ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Seed the rows and run their left-padded prompts through the model: a new cache,
-        the attention mask, the positions and the output (logits of the last position)."""
+        the attention mask, the positions and the logits of the last position.
+
+        Rows with the same prompt (the ``n`` samples of a group) share one prefill: each
+        distinct prompt runs once and its cache rows are copied to every row that asked for it
+        (where every layer is a plain key/value cache)."""
         from transformers import DynamicCache
 
         for row in rows:
             if row.request.seed is not None:
                 row.generator = torch.Generator(device=self.device).manual_seed(row.request.seed)
-        ids, mask = self._left_pad([r.request.prompt_ids for r in rows])
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)
-        out = self._forward(ids, mask, positions, cache, logits_to_keep=1)
-        return cache, mask, positions, out
+        distinct: dict[tuple[int, ...], int] = {}
+        where = [distinct.setdefault(tuple(r.request.prompt_ids), len(distinct)) for r in rows]
+        shared = len(distinct) < len(rows) and _appendable(cache)
+        prompts = list(distinct) if shared else [r.request.prompt_ids for r in rows]
+        ids, mask = self._left_pad(prompts)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits: torch.Tensor = self._forward(ids, mask, positions, cache, logits_to_keep=1).logits
+        if shared:
+            index = torch.tensor(where, device=self.device)
+            cache.batch_select_indices(index)
+            mask, positions, logits = mask[index], positions[index], logits[index]
+        return cache, mask, positions, logits
 
     def _draw(
         self,
@@ -248,8 +263,8 @@ class BatchDecoder:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Prefill ``new`` on its own cache, draw each row's first token, and append the rows
         that go on to the running batch: its cache, mask, positions and next input."""
-        sub, new_mask, positions, out = self._prefill(new)
-        tokens, done = self._draw(new, out.logits, self._params(new), on_done)
+        sub, new_mask, positions, logits = self._prefill(new)
+        tokens, done = self._draw(new, logits, self._params(new), on_done)
         keep = [i for i in range(len(new)) if i not in done]
         if not keep:
             return mask, next_pos, step
