@@ -29,6 +29,19 @@ def _update(model: torch.nn.Module, loss: LossConfig, budget: int = 4096, lr: fl
     return PolicyUpdate(backend, model, opt, loss, Packing(budget, 0), ref_model=ref)
 
 
+def _scored(model: torch.nn.Module, tok: Any, rows: list[tuple[str, str, float, str]]) -> list[Any]:
+    """On-policy samples (the model's own logprobs) of ``(prompt, completion, reward, group)``."""
+    return [
+        with_model_logprobs(model, text_sample(tok, p, c, reward=r, group=g)) for p, c, r, g in rows
+    ]
+
+
+def _assert_same_weights(model: torch.nn.Module, twin: torch.nn.Module, atol: float = 0.0) -> None:
+    """Every parameter equal (``atol`` 0: bit for bit), named when one differs."""
+    for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q) if atol == 0 else torch.allclose(p, q, atol=atol), name
+
+
 def _completion_logp(model: torch.nn.Module, tok: Any, prompt: str, completion: str) -> float:
     ids = tok.encode(prompt + completion, add_special_tokens=False)
     x = torch.tensor([ids])
@@ -64,15 +77,9 @@ def test_grpo_step_raises_rewarded_and_lowers_penalised(
 def test_micro_batching_equals_one_big_batch(
     tiny_model: torch.nn.Module, tiny_tokenizer: Any
 ) -> None:
-    tok = tiny_tokenizer
-    batch = [
-        text_sample(tok, "12+3=", "15", reward=1.0, group="a"),
-        text_sample(tok, "12+3=", "16", reward=0.0, group="a"),
-        text_sample(tok, "4+4=", "8", reward=1.0, group="b"),
-        text_sample(tok, "4+4=", "9999", reward=0.5, group="b"),
-        text_sample(tok, "4+4=", "0", reward=0.0, group="b"),
-    ]
-    batch = [with_model_logprobs(tiny_model, s) for s in batch]
+    rows = [("12+3=", "15", 1.0, "a"), ("12+3=", "16", 0.0, "a"), ("4+4=", "8", 1.0, "b"),
+            ("4+4=", "9999", 0.5, "b"), ("4+4=", "0", 0.0, "b")]  # fmt: skip
+    batch = _scored(tiny_model, tiny_tokenizer, rows)
     twin = copy.deepcopy(tiny_model)
     big = _update(tiny_model, LossConfig(tis_cap=2.0), budget=4096, lr=0.5, sgd=True)
     small = _update(twin, LossConfig(tis_cap=2.0), budget=9, lr=0.5, sgd=True)
@@ -80,8 +87,7 @@ def test_micro_batching_equals_one_big_batch(
         a, b = big.run(batch), small.run(batch)
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
-    for (name, p), q in zip(tiny_model.named_parameters(), twin.parameters(), strict=True):
-        assert torch.allclose(p, q, atol=1e-6), name
+    _assert_same_weights(tiny_model, twin, atol=1e-6)
 
 
 def test_behaviour_logprobs_at_a_temperature_are_matched(
@@ -148,17 +154,11 @@ def _rows_seen(model: torch.nn.Module) -> list[int]:
 def test_rows_with_zero_advantage_are_not_computed_and_the_update_is_the_same(
     tiny_model: torch.nn.Module, tiny_tokenizer: Any
 ) -> None:
-    tok = tiny_tokenizer
-    batch = [
-        text_sample(tok, "12+3=", "15", reward=1.0, group="mixed"),
-        text_sample(tok, "12+3=", "16", reward=0.0, group="mixed"),
-        text_sample(tok, "4+4=", "8", reward=1.0, group="solved"),
-        text_sample(tok, "4+4=", "8", reward=1.0, group="solved"),
-        text_sample(tok, "9+9=", "1", reward=0.0, group="failed"),
-        text_sample(tok, "9+9=", "17", reward=0.0, group="failed"),
-        text_sample(tok, "9+9=", "0", reward=0.0, group="failed"),
-    ]
-    batch = [with_model_logprobs(tiny_model, s) for s in batch]
+    rows = [("12+3=", "15", 1.0, "mixed"), ("12+3=", "16", 0.0, "mixed"),
+            ("4+4=", "8", 1.0, "solved"), ("4+4=", "8", 1.0, "solved"),
+            ("9+9=", "1", 0.0, "failed"), ("9+9=", "17", 0.0, "failed"),
+            ("9+9=", "0", 0.0, "failed")]  # fmt: skip
+    batch = _scored(tiny_model, tiny_tokenizer, rows)
     twin = copy.deepcopy(tiny_model)
     skips = _update(tiny_model, LossConfig(tis_cap=2.0), lr=0.5, sgd=True)
     computes = _update(twin, LossConfig(tis_cap=2.0, skip_zero_advantage=False), lr=0.5, sgd=True)
@@ -172,8 +172,7 @@ def test_rows_with_zero_advantage_are_not_computed_and_the_update_is_the_same(
         assert a["zero_advantage_frac"] == pytest.approx(5 / 7)
         assert b["zero_advantage_frac"] == 0.0
     assert rows_skipping == [2, 2] and rows_computing == [7, 7]
-    for (name, p), q in zip(tiny_model.named_parameters(), twin.parameters(), strict=True):
-        assert torch.allclose(p, q, atol=1e-6), name
+    _assert_same_weights(tiny_model, twin, atol=1e-6)
 
 
 def test_a_batch_with_no_advantage_still_steps_the_optimizer(
@@ -182,14 +181,8 @@ def test_a_batch_with_no_advantage_still_steps_the_optimizer(
     """Adam moves the weights on its momentum after a zero gradient: skipping every row must
     not skip that step."""
     tok = tiny_tokenizer
-    mixed = [
-        with_model_logprobs(tiny_model, text_sample(tok, "2+5=", "7", reward=1.0, group="m")),
-        with_model_logprobs(tiny_model, text_sample(tok, "2+5=", "8", reward=0.0, group="m")),
-    ]
-    flat = [
-        with_model_logprobs(tiny_model, text_sample(tok, "3+1=", c, reward=1.0, group="f"))
-        for c in ("4", "4", "4")
-    ]
+    mixed = _scored(tiny_model, tok, [("2+5=", "7", 1.0, "m"), ("2+5=", "8", 0.0, "m")])
+    flat = _scored(tiny_model, tok, [("3+1=", "4", 1.0, "f")] * 3)
     twin = copy.deepcopy(tiny_model)
     skips = _update(tiny_model, LossConfig(), lr=1e-2)
     computes = _update(twin, LossConfig(skip_zero_advantage=False), lr=1e-2)
@@ -202,20 +195,15 @@ def test_a_batch_with_no_advantage_still_steps_the_optimizer(
     assert rows == [2, 1]  # one row kept so the step runs
     moved = zip(tiny_model.parameters(), before, strict=True)
     assert any(not torch.equal(p, b) for p, b in moved)
-    for (name, p), q in zip(tiny_model.named_parameters(), twin.parameters(), strict=True):
-        assert torch.equal(p, q), name
+    _assert_same_weights(tiny_model, twin)
 
 
 def test_zero_advantage_rows_are_computed_when_a_term_needs_every_token(
     tiny_model: torch.nn.Module, tiny_tokenizer: Any
 ) -> None:
-    tok = tiny_tokenizer
-    batch = [
-        with_model_logprobs(tiny_model, text_sample(tok, "6+1=", "7", reward=1.0, group="a")),
-        with_model_logprobs(tiny_model, text_sample(tok, "6+1=", "7", reward=1.0, group="a")),
-        with_model_logprobs(tiny_model, text_sample(tok, "6+2=", "8", reward=1.0, group="b")),
-        with_model_logprobs(tiny_model, text_sample(tok, "6+2=", "9", reward=0.0, group="b")),
-    ]
+    rows = [("6+1=", "7", 1.0, "a"), ("6+1=", "7", 1.0, "a"), ("6+2=", "8", 1.0, "b"),
+            ("6+2=", "9", 0.0, "b")]  # fmt: skip
+    batch = _scored(tiny_model, tiny_tokenizer, rows)
     ref = copy.deepcopy(tiny_model).requires_grad_(False)
     with_kl = _update(copy.deepcopy(tiny_model), LossConfig(kl_coef=0.1), ref=ref).run(batch)
     m2po = _update(copy.deepcopy(tiny_model), LossConfig(m2po_threshold=0.5)).run(batch)
