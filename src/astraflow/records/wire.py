@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgpack
@@ -73,8 +73,38 @@ def _check_json_value(value: Any, where: str, depth: int = 0) -> None:
             _check_json_value(v, f"{where}.{i}", depth + 1)
 
 
+def _plainly_json(value: Any, depth: int = 0) -> bool:
+    """True when ``value`` passes ``_check_json_value`` for sure: built-in containers of
+    strings, booleans, None, finite floats and 64-bit ints, at most 32 levels deep. Checked
+    with no path strings (a sample's meta is validated on every hop); anything else, good or
+    bad, is left to the full check, which names what is wrong."""
+    if depth >= 32:  # its items would sit deeper than 32: the full check decides
+        return False
+    kind = type(value)
+    if kind is dict:
+        items: Iterable[Any] = value.values()
+    elif kind is list or kind is tuple:
+        items = value
+    else:
+        return False
+    for v in items:
+        kind = type(v)
+        if kind is str or kind is bool or v is None:
+            continue
+        if kind is float:
+            if not math.isfinite(v):
+                return False
+        elif kind is int:
+            if not -MAX_META_INT <= v <= MAX_META_INT:
+                return False
+        elif not (kind is dict or kind is list or kind is tuple) or not _plainly_json(v, depth + 1):
+            return False
+    return True
+
+
 def _json_object(value: dict[str, Any]) -> dict[str, Any]:
-    _check_json_value(value, "value")
+    if not _plainly_json(value):
+        _check_json_value(value, "value")
     return value
 
 

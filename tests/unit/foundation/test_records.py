@@ -150,3 +150,43 @@ def test_every_wire_record_has_a_json_schema() -> None:
     schemas = wire_schemas()
     assert {"Task", "Sample", "Batch", "LeaseRequest", "PolicyVersion"} <= set(schemas)
     assert "token_ids" in schemas["Sample"]["properties"]
+
+
+def _nested(levels: int, leaf: Any) -> Any:
+    """``leaf`` under ``levels`` dict and list levels, alternating."""
+    value = leaf
+    for i in range(levels):
+        value = {"k": value} if i % 2 else [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ({"score": float("nan")}, r"value\.score: must be finite"),
+        ({"a": [1.0, {"b": float("-inf")}]}, r"value\.a\.1\.b: must be finite"),
+        ({"n": 2**63}, r"value\.n: integer .* outside the 64-bit range"),
+        ({"n": [-(2**63)]}, r"value\.n\.0: integer .* outside the 64-bit range"),
+        ({"deep": _nested(32, 1)}, r"nested more than 32 levels deep"),
+        ({"x": np.float64("nan")}, r"value\.x: must be finite"),
+    ],
+)
+def test_bad_meta_is_refused_naming_where(meta: dict[str, Any], message: str) -> None:
+    raw = json.loads(make_sample().model_dump_json())
+    with pytest.raises(ValidationError, match=message) as info:
+        parse(Sample, {**raw, "meta": meta})
+    assert info.value.field == "meta"
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"turns": 3, "finish_reason": "stop", "ok": True, "none": None, "t": 0.25},
+        {"n": 2**63 - 1, "m": -(2**63) + 1, "nested": {"list": [1, "a", [2.5, None]]}},
+        {"deep": _nested(31, 1)},
+        {"np": np.float64(1.5), "tuple": (1, 2)},
+    ],
+)
+def test_good_meta_passes_unchanged(meta: dict[str, Any]) -> None:
+    raw = json.loads(make_sample().model_dump_json())
+    assert parse(Sample, {**raw, "meta": meta}).meta == meta
