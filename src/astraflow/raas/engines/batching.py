@@ -111,7 +111,7 @@ class BatchingEngine(abc.ABC):
             return []
         loop = asyncio.get_running_loop()
         settled: asyncio.Future[None] = loop.create_future()
-        left = [len(jobs)]
+        left = len(jobs)
         lock = threading.Lock()
 
         def settle() -> None:
@@ -119,10 +119,11 @@ class BatchingEngine(abc.ABC):
                 settled.set_result(None)
 
         def answered(future: Future[EngineOutput]) -> None:  # the engine thread, mostly
+            nonlocal left
             failed = not future.cancelled() and future.exception() is not None
             with lock:
-                left[0] -= 1
-                last = left[0] == 0
+                left -= 1
+                last = left == 0
             if last or failed:
                 with contextlib.suppress(RuntimeError):  # the caller's loop already closed
                     loop.call_soon_threadsafe(settle)
