@@ -36,6 +36,11 @@ __all__ = ["Evaluator"]
 log = logging.getLogger(__name__)
 
 
+#: How many times in a row one check moves on to a newer version when the one it picked was
+#: collected before it could be pulled.
+_RACES = 5
+
+
 class Evaluator:
     """Held-out figures (greedy accuracy, avg@k, pass@k) of the versions it evaluates."""
 
@@ -77,7 +82,21 @@ class Evaluator:
             and latest // every <= self.version // every
         ):
             return None
-        return self.evaluate_version(latest)
+        for _ in range(_RACES):
+            try:
+                return self.evaluate_version(latest)
+            except NotFoundError as exc:
+                # collected between ``latest`` and the pull (the trainer outran a slow start):
+                # the newest one instead, never a crash of the evaluator
+                newest = self.client.latest(self.config.policy)
+                if newest is None or newest <= latest:
+                    raise
+                log.info("eval policy=%s: v%d is gone (%s); v%d instead",
+                         self.config.policy, latest, exc, newest)  # fmt: skip
+                latest = newest
+        log.warning("eval policy=%s: each version was collected before it could be pulled; "
+                    "trying again at the next check", self.config.policy)  # fmt: skip
+        return None
 
     def evaluate_version(self, version: int) -> dict[str, Any]:
         """Pull ``version``, score every set, append the record to ``out`` and return it.

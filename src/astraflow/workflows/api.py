@@ -65,15 +65,16 @@ class SamplingParams(ConfigModel):
     ``min_new_tokens`` / vLLM's ``min_tokens``); logprobs stay those of the full tempered
     distribution. Capped at ``max_new_tokens``; 0: off."""
     temperature: float = Field(default=1.0, ge=0.0)
-    """Softmax temperature; 0 means greedy. Logprobs are of the tempered distribution."""
+    """Softmax temperature; 0 (or anything below 1e-5) means greedy. Logprobs are of the
+    tempered distribution."""
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     """Nucleus sampling mass (1.0: off)."""
     top_k: int = Field(default=0, ge=0)
     """Keep only the k most likely tokens (0: off)."""
     stop: tuple[str, ...] = ()
     """Stop strings: generation ends after the first one (it is kept in the output)."""
-    seed: int | None = None
-    """Per-request seed where the engine supports it."""
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    """Per-request seed where the engine supports it (a 64-bit signed integer)."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from astraflow.cli.main import main
 from astraflow.evaluation.runner import Evaluator
 from astraflow.launch.rundir import RunDir
 from astraflow.models import build_model, build_tokenizer
-from astraflow.weights import WeightClient, WeightStore
+from astraflow.weights import WeightClient, WeightStore, WeightStoreConfig
 from fixtures.finished_run import make_finished_run
 from fixtures.launch import reduced_quickstart
 
@@ -195,3 +195,30 @@ def test_push_to_hub_without_the_network_names_the_repo(
                  "--push-to-hub", "someone/tiny"])  # fmt: skip
     assert code == 2 and "cannot push to 'someone/tiny'" in capsys.readouterr().err
     assert (out / "model.safetensors").is_file(), "the export itself is kept"
+
+
+def test_evaluator_moves_on_when_its_version_was_collected_before_the_pull(
+    finished: Finished, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer outran a slow evaluator: the version it read as newest is collected by the
+    time it pulls. It scores the newest version instead of crashing (a crash restarted it
+    into the same race and failed the whole run)."""
+    config = RunDir(finished.dir).eval_config(
+        "policy",
+        [f"weights={tmp_path / 'w'}", f"out={tmp_path / 'eval.jsonl'}", "sets=[]",
+         "generator.size=10"],
+    )  # fmt: skip
+    with WeightStore(tmp_path / "w", WeightStoreConfig(keep=2, full_every=1)) as store:
+        store.publish_assets("policy", WeightClient(finished.dir / "weights").fetch_assets(
+            "policy", tmp_path / "assets"))  # fmt: skip
+        evaluator = Evaluator(config)
+        store.publish("policy", 0, finished.tensors).result()
+        real_latest = evaluator.client.latest
+        answers = iter([0])  # what `latest` said just before the trainer published 1-5
+        monkeypatch.setattr(evaluator.client, "latest", lambda p: next(answers, real_latest(p)))
+        for version in range(1, 6):
+            store.publish("policy", version, finished.tensors).result()
+        assert store.files.versions("policy") == [4, 5], "the store kept the newest two"
+        record = evaluator.step()
+    assert record is not None and record["version"] == 5
+    assert [r["version"] for r in records(tmp_path / "eval.jsonl")] == [5]

@@ -9,6 +9,7 @@ requests get OpenAI-style 4xx errors.
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
 from typing import Any
 
 import httpx
@@ -269,3 +270,86 @@ async def test_bad_requests_get_openai_errors(endpoint: AgentEndpoint, transport
     with pytest.raises(openai.AuthenticationError):
         await client.chat.completions.create(model="policy", messages=hi, max_tokens=2)
     await client.close()
+
+
+async def test_hostile_sampling_fields_fail_only_their_own_request(
+    endpoint: AgentEndpoint, node_policy: Any
+) -> None:
+    """On the real engine: a seed past 64 bits is a 400 naming ``seed``; a temperature so
+    small that the tempered logits overflow float32 is sampled greedily; neither fails the
+    engine batch that a well-formed request from another episode shares with it."""
+    cfg = AgentConfig(entry="fixtures.agents:chat_agent", max_tokens_limit=64)
+    fmt = {"policy": ChatFormat(node_policy.tokenizer)}
+    hostile = endpoint.open(AgentSession("", {"policy": node_policy}, fmt, cfg))
+    honest = endpoint.open(AgentSession("", {"policy": node_policy}, fmt, cfg))
+    root = hostile.base_url.split("/e/")[0] + "/v1"
+
+    def call(session: AgentSession, **fields: Any) -> Any:
+        body = {"model": "policy", "messages": [{"role": "user", "content": "1+2="}],
+                "max_tokens": 4, **fields}  # fmt: skip
+        auth = {"Authorization": f"Bearer {session.api_key}"}
+        return raw.post("/chat/completions", json=body, headers=auth)
+
+    async with httpx.AsyncClient(base_url=root, timeout=60) as raw:
+        greedy = await call(honest, temperature=0)
+        assert greedy.status_code == 200, greedy.text
+        replies = await asyncio.gather(
+            call(hostile, seed=2**64),
+            call(hostile, temperature=1e-40),
+            *(call(honest, temperature=1.0, seed=s) for s in range(4)),
+        )
+    too_big, tiny = replies[:2]
+    assert too_big.status_code == 400 and too_big.json()["error"]["param"] == "seed"
+    assert tiny.status_code == 200, tiny.text
+    text = tiny.json()["choices"][0]["message"]["content"]
+    assert text == greedy.json()["choices"][0]["message"]["content"]
+    assert all(r.status_code == 200 for r in replies[2:]), [r.text for r in replies[2:]]
+    endpoint.close(hostile)
+    endpoint.close(honest)
+
+
+async def test_an_oversize_body_is_refused_before_it_is_read(endpoint: AgentEndpoint) -> None:
+    """A 413 by ``Content-Length`` alone, and one for a chunked body once it passes the cap:
+    the node never holds more than the cap of a client's body."""
+    from astraflow.raas.endpoint.app import MAX_BODY_BYTES
+
+    policy = TinyPolicy("policy")
+    cfg = AgentConfig(entry="fixtures.agents:chat_agent")
+    session = endpoint.open(
+        AgentSession("", {"policy": policy}, {"policy": ChatFormat(policy.tokenizer)}, cfg)
+    )
+    root = session.base_url.split("/e/")[0] + "/v1"
+    auth = {"Authorization": f"Bearer {session.api_key}"}
+    sent = 0
+
+    async def chunks() -> Any:  # four times the cap
+        nonlocal sent
+        for _ in range(4 * MAX_BODY_BYTES // (1 << 20)):
+            sent += 1 << 20
+            yield b" " * (1 << 20)
+
+    # headers only: the answer must come without the server waiting for the body
+    host, port = endpoint.host, int(root.split(":")[2].split("/")[0])
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {session.api_key}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {MAX_BODY_BYTES + 1}\r\n\r\n{{".encode()
+    )
+    await writer.drain()
+    status = await asyncio.wait_for(reader.readline(), 30)
+    assert status.split()[1] == b"413", status
+    writer.close()
+    # chunked (no length): read only up to the cap, however much more the client sends
+    tracemalloc.start()
+    try:
+        async with httpx.AsyncClient(base_url=root, timeout=60) as raw:
+            r = await raw.post("/chat/completions", content=chunks(), headers=auth)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert r.status_code == 413, r.text
+    assert sent == 4 * MAX_BODY_BYTES
+    assert peak < 2 * MAX_BODY_BYTES, f"{peak} bytes held for a body capped at {MAX_BODY_BYTES}"
+    assert session.recorder.calls == 0
+    endpoint.close(session)

@@ -58,3 +58,18 @@ def test_a_seeded_row_draws_the_same_tokens_whatever_shares_its_batch() -> None:
     first = [draw([0, 1, 2])[0] for _ in range(1)]
     again = [draw([0, 5, 4, 3])[0] for _ in range(1)]
     assert first == again
+
+
+def test_a_temperature_too_small_to_divide_by_is_greedy_and_spares_the_batch() -> None:
+    # 1e-40 is a float32 subnormal: logits / 1e-40 overflow to inf and the draw of every row
+    # would fail on NaN probabilities
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 20, generator=gen) * 10
+    temperature = torch.tensor([1e-40, 1.0, 1e-6])
+    tokens, lps = sample_next(
+        logits, temperature, torch.zeros(3, dtype=torch.long), torch.ones(3), [None] * 3, gen
+    )
+    assert bool(torch.isfinite(lps).all())
+    for row in (0, 2):
+        assert int(tokens[row]) == int(logits[row].argmax())
+        assert torch.isclose(lps[row], torch.log_softmax(logits[row], -1)[tokens[row]])

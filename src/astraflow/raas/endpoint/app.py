@@ -279,9 +279,7 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _json_body(request: Request) -> Any:
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise EndpointError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    body = await _capped_body(request)
     try:  # pydantic's parser: bounded nesting, no lone surrogates (json.loads has neither)
         data = pydantic_core.from_json(body)
     except ValueError as exc:
@@ -289,6 +287,22 @@ async def _json_body(request: Request) -> Any:
     if not isinstance(data, dict):
         raise EndpointError(400, "the body must be a JSON object")
     return data
+
+
+async def _capped_body(request: Request) -> bytes:
+    """The request body, refused with a 413 as soon as it is known to be over
+    ``MAX_BODY_BYTES``: by its ``Content-Length``, else while it streams in (a client on the
+    network must not make the node hold an unbounded body in memory)."""
+    too_big = EndpointError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise too_big
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise too_big
+    return bytes(body)
 
 
 def _validation_error(exc: pydantic.ValidationError) -> EndpointError:

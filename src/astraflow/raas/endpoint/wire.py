@@ -100,7 +100,8 @@ class _Sampling(_Lenient):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
+    """A 64-bit signed integer, as OpenAI's (a larger one would fail the engine's batch)."""
     stream: bool = False
     min_tokens: int = Field(default=0, ge=0)
     """vLLM's extension (``extra_body={"min_tokens": N}``): end-of-turn and stop strings are

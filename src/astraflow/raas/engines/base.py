@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENGINES",
+    "GREEDY_BELOW",
     "Engine",
     "EngineContext",
     "EngineOutput",
@@ -39,6 +40,10 @@ __all__ = [
     "WeightSource",
     "build_engine",
 ]
+
+#: Temperatures below this sample greedily (as in vLLM): dividing logits by a smaller one can
+#: overflow float32, and one row of infinities would fail the draw of the whole batch.
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class GenerationRequest:
     @property
     def logprob_temperature(self) -> float:
         """Temperature the reported logprobs are computed at."""
-        return self.temperature if self.temperature > 0 else 1.0
+        return self.temperature if self.temperature >= GREEDY_BELOW else 1.0
 
 
 @dataclass(frozen=True)

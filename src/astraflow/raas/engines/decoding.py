@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from astraflow.models.padding import left_padded
-from astraflow.raas.engines.base import GenerationRequest
+from astraflow.raas.engines.base import GREEDY_BELOW, GenerationRequest
 from astraflow.workflows.api import FinishReason
 
 __all__ = ["BatchDecoder", "DecodedRow", "sample_next"]
@@ -93,13 +93,13 @@ def sample_next(
 
     Args:
         logits: ``[B, V]`` float32 next-token logits.
-        temperature: ``[B]``; 0 marks a greedy row.
+        temperature: ``[B]``; below ``GREEDY_BELOW`` (0 included) marks a greedy row.
         top_k: ``[B]`` long, 0 for off. top_p: ``[B]``, 1.0 for off.
         generators: per-row generator (seeded requests) or ``None`` (use ``shared``).
         banned: optional ``[B, V]`` bool, True where a token may not be drawn (EOS before
             ``min_new_tokens``); it changes what is drawn, not the reported logprobs.
     """
-    greedy = temperature <= 0
+    greedy = temperature < GREEDY_BELOW
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
     logprobs = torch.log_softmax(logits / scale[:, None], dim=-1)
     allowed = logprobs if banned is None else logprobs.masked_fill(banned, float("-inf"))
