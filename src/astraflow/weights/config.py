@@ -16,6 +16,11 @@ class WeightStoreConfig(ConfigModel):
     """Write a full snapshot every this many versions (bounds the delta chain length)."""
     keep: int = Field(default=20, ge=1)
     """Keep at least the newest this many versions (plus what their chains need)."""
+    keep_first: bool = True
+    """Never collect version 0, the weights a run starts from (a full snapshot): an evaluator
+    that starts after the trainer has moved ``keep`` versions on still scores the start, and
+    a run can be compared with or reset to it. False frees its disk once it is ``keep``
+    versions old."""
     zstd_level: int = Field(default=1, ge=1, le=22)
     """zstd level of delta blobs (1 is fastest; higher gains little on deltas)."""
     compress_deltas: bool = True

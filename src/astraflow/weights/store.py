@@ -11,7 +11,8 @@ store then encodes and writes, so versions land in order and the trainer never w
                                               future.set_result(manifest) ──► trainer announces v
 
 Retention keeps the newest ``keep`` versions and everything back to the newest full snapshot
-at or below the oldest of them, so every kept version can be rebuilt and caught up from.
+at or below the oldest of them, so every kept version can be rebuilt and caught up from, and
+(``keep_first``) version 0, the full snapshot a run starts from.
 The root is a local directory or any fsspec URL (object stores: each object put is atomic).
 """
 
@@ -80,6 +81,8 @@ class WeightStore:
         self._previous: dict[str, _Previous] = {}
         self._last_full: dict[str, int] = {}
         self._floors: dict[str, int] = {}
+        self._first_full: dict[str, bool] = {}
+        """Whether each policy's version 0 is kept (``keep_first``: when it is full)."""
         """The retention floor each policy's merged deltas were last collected at."""
         self._closed = False
 
@@ -253,7 +256,7 @@ class WeightStore:
             floor = min(floor, newest_full)
         while floor > versions[0] and not self.files.manifest(policy, floor).full:
             floor = max(v for v in versions if v < floor)
-        doomed = [v for v in versions if v < floor]
+        doomed = [v for v in versions if v < floor and not (v == 0 and self._pin_first(policy))]
         for v in doomed:
             vdir = version_dir(policy, v)
             self.files.remove(f"{vdir}/{MANIFEST_FILE}")  # the version ceases to exist first
@@ -264,6 +267,14 @@ class WeightStore:
         if doomed:
             logger.info("collected policy=%s versions=%s floor=%d", policy, doomed, floor)
         return doomed
+
+    def _pin_first(self, policy: str) -> bool:
+        """Version 0 of ``policy`` is kept: ``keep_first`` and it is a full snapshot."""
+        if policy not in self._first_full:
+            self._first_full[policy] = (
+                self.config.keep_first and self.files.manifest(policy, 0).full
+            )
+        return self._first_full[policy]
 
     def _collect_merged(self, policy: str, floor: int) -> None:
         for path in self.files.fs.glob(self.files.path(f"{policy}/merged/v*-v*")):

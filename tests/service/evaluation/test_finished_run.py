@@ -208,7 +208,9 @@ def test_evaluator_moves_on_when_its_version_was_collected_before_the_pull(
         [f"weights={tmp_path / 'w'}", f"out={tmp_path / 'eval.jsonl'}", "sets=[]",
          "generator.size=10"],
     )  # fmt: skip
-    with WeightStore(tmp_path / "w", WeightStoreConfig(keep=2, full_every=1)) as store:
+    with WeightStore(
+        tmp_path / "w", WeightStoreConfig(keep=2, full_every=1, keep_first=False)
+    ) as store:
         store.publish_assets("policy", WeightClient(finished.dir / "weights").fetch_assets(
             "policy", tmp_path / "assets"))  # fmt: skip
         evaluator = Evaluator(config)

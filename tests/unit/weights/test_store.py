@@ -119,23 +119,32 @@ def test_chain_of_ten_versions_with_full_every_four(tmp_path: Path) -> None:
     assert _same(client.load("p", 7), states[7])
 
 
-def test_retention_never_deletes_a_needed_base(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keep_first", [True, False])
+def test_retention_never_deletes_a_needed_base(tmp_path: Path, keep_first: bool) -> None:
     states = _perturbed_chain(15)
-    config = WeightStoreConfig(full_every=4, keep=3)
+    config = WeightStoreConfig(full_every=4, keep=3, keep_first=keep_first)
+    first = [0] if keep_first else []
     with WeightStore(tmp_path, config) as store:
         for v, s in enumerate(states):
             store.publish("p", v, s).result(timeout=60)
             kept = store.files.versions("p")
-            assert store.manifest("p", kept[0]).full, f"after v{v} the oldest kept is no full"
-            assert kept == list(range(kept[0], v + 1))
-            assert len(kept) >= min(v + 1, config.keep)
-    assert store.files.versions("p") == [12, 13, 14]
+            gap = keep_first and len(kept) > 1 and kept[1] != 1  # v0, then the chain
+            chain = kept[1:] if gap else kept
+            assert store.manifest("p", chain[0]).full, f"after v{v} the oldest kept is no full"
+            assert chain == list(range(chain[0], v + 1))
+            assert len(chain) >= min(v + 1, config.keep)
+    assert store.files.versions("p") == [*first, 12, 13, 14]
     client = WeightClient(tmp_path)
     for v in (12, 13):
         node = _copy(states[v])
         client.pull("p", node, have=v, want=14)
         assert _same(node, states[14])
     assert not (tmp_path / "p" / "v00000011").exists()
+    if keep_first:  # the start: loadable, and a node holding it catches up past the gap
+        assert _same(client.load("p", 0), states[0])
+        node = _copy(states[0])
+        client.pull("p", node, have=0, want=14)
+        assert _same(node, states[14])
 
 
 def test_publish_copies_to_host_and_writes_in_the_background(
