@@ -29,6 +29,7 @@ each run; only the ratio of two runs measured one after the other means anything
     .venv/bin/python benchmarks/vs_trl.py                  # 2,000 steps each (the recipe)
     .venv/bin/python benchmarks/vs_trl.py --steps 400      # shorter
     .venv/bin/python benchmarks/vs_trl.py --only trl       # one side
+    .venv/bin/python benchmarks/vs_trl.py --only astraflow --set seed=1   # another seed
 
 Needs TRL: ``pip install -e '.[bench]'``.
 """
@@ -43,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,12 +187,17 @@ class TreeCpu:
 # --------------------------------------------------------------------------- astraflow
 
 
-def run_astraflow(steps: int, work: Path, *, reuse: bool = False) -> Figures:
-    """``astraflow run examples/quickstart.yaml`` for ``steps`` GRPO steps (``reuse``: the
-    figures of the run already in ``work``)."""
+def run_astraflow(
+    steps: int, work: Path, *, reuse: bool = False, overrides: Sequence[str] = ()
+) -> Figures:
+    """``astraflow run examples/quickstart.yaml`` for ``steps`` GRPO steps, with ``overrides``
+    (``KEY=VALUE``, as ``--set``) on the recipe (``reuse``: the figures of the run already in
+    ``work``)."""
     run_dir = work / "astraflow"
     cmd = [sys.executable, "-m", "astraflow", "run", str(QUICKSTART), "--run-dir", str(run_dir),
            "--set", f"policies.policy.trainer.max_steps={steps}"]  # fmt: skip
+    for override in overrides:
+        cmd += ["--set", override]
     cpu: TreeCpu | None = None
     if not reuse:
         print(f"astraflow: load {_load()}; {' '.join(cmd[1:])}", flush=True)
@@ -383,6 +390,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads of the TRL process (astraflow's recipe: 1 per "
                         "process; more oversubscribes a loaded 2-core box)")  # fmt: skip
     parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="astraflow: override one value of the recipe, as `astraflow run --set` (e.g. "
+        "seed=1; repeatable); TRL's side is not changed",
+    )
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help="astraflow: read the figures of the run already in --work",
@@ -393,7 +409,9 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         results = []
         if args.only in (None, "astraflow"):
-            results.append(run_astraflow(args.steps, work, reuse=args.reuse))
+            results.append(
+                run_astraflow(args.steps, work, reuse=args.reuse, overrides=args.overrides)
+            )
             report(results)
         if args.only in (None, "trl"):
             results.append(run_trl(args.steps, work, args.eval_every, args.trl_threads))
