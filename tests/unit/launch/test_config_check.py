@@ -184,7 +184,7 @@ def test_pool_overrides_replace_only_the_keys_they_give(tmp_path: Path) -> None:
     rollout = node.policies["policy"]
     assert rollout.refresh == "lazy"  # from the policy
     assert rollout.engine.kwargs == {"threads": 1}  # from the pool
-    assert node.grace_s == 3 and node.capacity == 32 and node.node_id == "n1"
+    assert node.grace_s == 3 and node.capacity == 16 and node.node_id == "n1"
     assert node.workflows["rlvr"].kwargs["sampling"] == {"max_new_tokens": 3, "temperature": 1.0}
     assert plan.trainers["policy"].weights_options == config.weights
 
