@@ -81,9 +81,9 @@ class WeightStore:
         self._previous: dict[str, _Previous] = {}
         self._last_full: dict[str, int] = {}
         self._floors: dict[str, int] = {}
+        """The retention floor each policy's merged deltas were last collected at."""
         self._first_full: dict[str, bool] = {}
         """Whether each policy's version 0 is kept (``keep_first``: when it is full)."""
-        """The retention floor each policy's merged deltas were last collected at."""
         self._closed = False
 
     def publish_assets(self, policy: str, directory: str | Path) -> None:
