@@ -1,5 +1,6 @@
 """An ASGI app served by uvicorn on a background thread: the one runner behind the components'
-``Threaded*Server`` classes (tests, benchmarks, embedding). Needs uvicorn only, no torch.
+``Threaded*Server`` classes (tests, benchmarks, embedding), and the capped read of a request
+body every server uses. Needs uvicorn only, no torch.
 """
 
 from __future__ import annotations
@@ -7,13 +8,31 @@ from __future__ import annotations
 import threading
 import time
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
 import uvicorn
 
 from astraflow.errors import ServiceUnavailableError
 
-__all__ = ["BackgroundServer"]
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+__all__ = ["BackgroundServer", "capped_body"]
+
+
+async def capped_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or ``None`` as soon as it is known to be over ``limit`` bytes: by its
+    ``Content-Length`` before anything is read, else while it streams in (a client on the
+    network must not make a server hold an unbounded body in memory)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
 
 
 class BackgroundServer:

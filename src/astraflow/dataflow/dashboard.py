@@ -32,6 +32,7 @@ from starlette.routing import Route
 from astraflow.dataflow.config import DashboardConfig
 from astraflow.dataflow.history import FigureHistory
 from astraflow.records import DataflowReport
+from astraflow.serving import capped_body
 
 __all__ = ["COOKIE", "DashboardRoutes"]
 
@@ -143,11 +144,9 @@ class DashboardRoutes:
 
     async def login(self, request: Request) -> Response:
         """The token form: a valid token gets a session cookie."""
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > _MAX_FORM_BYTES:
-                return self._refused(failed=True)
+        body = await capped_body(request, _MAX_FORM_BYTES)
+        if body is None:
+            return self._refused(failed=True)
         token = parse_qs(body.decode("utf-8", "replace")).get("token", [""])[0]
         if self.open or (token and self.valid(token)):
             return self._session()

@@ -43,7 +43,7 @@ from astraflow.errors import (
     ValidationError,
 )
 from astraflow.plugins import ENV_SPEC, PluginSpec
-from astraflow.serving import BackgroundServer
+from astraflow.serving import BackgroundServer, capped_body
 
 __all__ = ["TOKEN_ENV", "EnvServer", "EnvServerConfig", "ThreadedEnvServer", "create_app", "serve"]
 
@@ -128,15 +128,9 @@ class EnvServer:
             raise ForbiddenError("the bearer token is not valid for this environment server")
 
     async def _body(self, request: Request, model: type[M]) -> M:
-        limit = self.config.max_body_kb * 1024
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        raw = await capped_body(request, self.config.max_body_kb * 1024)
+        if raw is None:
             raise PayloadTooLargeError(f"request body over {self.config.max_body_kb} KiB")
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > limit:
-                raise PayloadTooLargeError(f"request body over {self.config.max_body_kb} KiB")
         try:  # pydantic's parser: bounded nesting, no lone surrogates (json.loads has neither)
             data = pydantic_core.from_json(raw or b"{}")
         except ValueError as exc:

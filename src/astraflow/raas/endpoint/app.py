@@ -31,6 +31,7 @@ from starlette.routing import Mount, Route
 from astraflow.errors import ServiceUnavailableError
 from astraflow.raas.endpoint.service import chat_completion, list_models, text_completion
 from astraflow.raas.endpoint.wire import ChatRequest, CompletionRequest, EndpointError
+from astraflow.serving import capped_body
 from astraflow.workflows.agent import AgentSession
 from astraflow.workflows.sdk_http import SERVER_KEEPALIVE_S, Transport, sdk_http_client
 
@@ -279,7 +280,9 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _json_body(request: Request) -> Any:
-    body = await _capped_body(request)
+    body = await capped_body(request, MAX_BODY_BYTES)
+    if body is None:  # refused before it is read in full
+        raise EndpointError(413, f"request body over {MAX_BODY_BYTES} bytes")
     try:  # pydantic's parser: bounded nesting, no lone surrogates (json.loads has neither)
         data = pydantic_core.from_json(body)
     except ValueError as exc:
@@ -287,22 +290,6 @@ async def _json_body(request: Request) -> Any:
     if not isinstance(data, dict):
         raise EndpointError(400, "the body must be a JSON object")
     return data
-
-
-async def _capped_body(request: Request) -> bytes:
-    """The request body, refused with a 413 as soon as it is known to be over
-    ``MAX_BODY_BYTES``: by its ``Content-Length``, else while it streams in (a client on the
-    network must not make the node hold an unbounded body in memory)."""
-    too_big = EndpointError(413, f"request body over {MAX_BODY_BYTES} bytes")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise too_big
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise too_big
-    return bytes(body)
 
 
 def _validation_error(exc: pydantic.ValidationError) -> EndpointError:
