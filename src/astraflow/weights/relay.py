@@ -8,8 +8,12 @@ verifies it, and serves its region's nodes with the weight server's own HTTP API
 
 Versions arrive two ways: a poller asks upstream for ``latest`` every ``poll_s`` seconds
 (policies configured, and any a node asked for), and a node asking for the manifest of a
-version the relay lacks makes the relay pull it first (on demand; one pull per policy at a
-time, so concurrent nodes wait for the same pull). When the relay is behind by several
+version the relay lacks makes the relay pull it first (on demand). On-demand pulls are
+single-flight per policy: a request joins the check in flight (and at most one more, started
+after it arrived), so any number of concurrent requests, hostile ones included, make at most one
+upstream call at a time per policy. Checks for names upstream has never served run on a worker
+of their own, at most ``max_probes`` queued (more answer 503), so they cannot hold up the
+policies the relay serves; such names are never polled. When the relay is behind by several
 versions it pulls straight to the newest (a merged delta): versions in between are not
 mirrored, and a node asking for one is told the newest exists (its next refresh takes it).
 A version whose bytes do not verify is never published; WAN errors name the upstream. Auth is
@@ -25,6 +29,8 @@ import re
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +38,7 @@ import torch
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from astraflow.errors import AstraflowError, NotFoundError, TransferError
+from astraflow.errors import AstraflowError, NotFoundError, ServiceBusyError, TransferError
 from astraflow.serving import BackgroundServer
 from astraflow.weights.access import WeightsAuth
 from astraflow.weights.client import PullStats, WeightClient
@@ -47,7 +53,9 @@ __all__ = ["RelayError", "WeightRelay", "relay_app", "serve_relay", "wait_for_up
 
 log = logging.getLogger(__name__)
 
-_MANIFEST_PATH = re.compile(r"^/v1/weights/files/([A-Za-z0-9][A-Za-z0-9._-]{0,127})/v(\d{8,})/")
+#: A store file of one version (version directories are ``v`` + 8 to 16 digits; a longer number
+#: names no version, and the weight server answers it).
+_MANIFEST_PATH = re.compile(r"^/v1/weights/files/([A-Za-z0-9][A-Za-z0-9._-]{0,127})/v(\d{8,16})/")
 
 
 class RelayError(TransferError):
@@ -67,6 +75,7 @@ class WeightRelay:
         policies: list[str] | None = None,
         options: TransferOptions | None = None,
         store: WeightStoreConfig | None = None,
+        max_probes: int = 64,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.root = Path(root)
@@ -80,12 +89,27 @@ class WeightRelay:
         self._held: dict[str, int] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
+        self.max_probes = max_probes
+        """On-demand checks of names upstream never served, queued at most (more: 503)."""
+        self._flights: dict[str, asyncio.Future[Any]] = {}  # on-demand syncs, one per policy
+        self._probes = 0  # flights in ``_workers[False]`` now
+        self._workers = {  # policies the relay serves / names upstream never served
+            True: ThreadPoolExecutor(2, thread_name_prefix="relay-pull"),
+            False: ThreadPoolExecutor(1, thread_name_prefix="relay-probe"),
+        }
 
     def _lock(self, policy: str) -> threading.Lock:
         with self._guard:
-            if policy not in self.policies:
-                self.policies.append(policy)
             return self._locks.setdefault(policy, threading.Lock())
+
+    def _track(self, policy: str, known: bool) -> None:
+        """Poll ``policy`` from now on when upstream has it; else forget its lock (a client
+        naming a million policies must not grow the relay or its polling)."""
+        with self._guard:
+            if known and policy not in self.policies:
+                self.policies.append(policy)
+            elif not known and policy not in self.policies:
+                self._locks.pop(policy, None)
 
     def held(self, policy: str) -> int | None:
         """The newest version of ``policy`` the relay serves."""
@@ -116,6 +140,7 @@ class WeightRelay:
             if latest is not None and want is not None:
                 latest = min(latest, want)
             held = self._load_held(policy)
+            self._track(policy, known=latest is not None or held is not None)
             if latest is None or (held is not None and latest <= held):
                 return None
             try:
@@ -168,22 +193,63 @@ class WeightRelay:
         self.last_error = message
         return RelayError(message)
 
+    async def ensure_async(self, policy: str, version: int) -> None:
+        """``ensure`` for the server's event loop: single-flight per policy (see the module
+        docstring); raises ``ServiceBusyError`` when ``max_probes`` checks of names upstream
+        never served are queued already."""
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            held = self._held.get(policy)
+            if held is not None and held >= version:
+                return
+            flight = self._flights.get(policy)
+            started = flight is None
+            if flight is None:
+                known = policy in self.policies or held is not None
+                if not known:
+                    if self._probes >= self.max_probes:
+                        raise ServiceBusyError(
+                            f"relay: {self._probes} checks of policies it does not serve are "
+                            "queued; try again later",
+                            field="policy",
+                        )
+                    self._probes += 1
+                flight = loop.run_in_executor(self._workers[known], self.ensure, policy, version)
+                self._flights[policy] = flight
+                flight.add_done_callback(partial(self._landed, policy, known))
+            await asyncio.shield(flight)
+            if started or attempt == 1:
+                return  # a check that began after this request came: what it found holds
+            # the check joined may have asked upstream before this version existed: one more
+
+    def _landed(self, policy: str, known: bool, flight: asyncio.Future[Any]) -> None:
+        if self._flights.get(policy) is flight:
+            del self._flights[policy]
+        if not known:
+            self._probes -= 1
+        if not flight.cancelled():
+            flight.exception()  # retrieved here: waiters may all have gone
+
     def poll(self, stop: threading.Event, every_s: float) -> None:
         """Sync every known policy every ``every_s`` seconds until ``stop``; errors are logged
-        (loudly, naming upstream) and retried, while the versions held are still served."""
+        (loudly, naming upstream) and retried, while the versions held are still served. One
+        policy failing does not keep the others from their sync."""
         failures = 0
         while not stop.is_set():
-            try:
-                for policy in list(self.policies):
+            failed = False
+            for policy in list(self.policies):
+                try:
                     self.sync(policy)
-                failures = 0
-            except AstraflowError as exc:
-                failures += 1
-                log.error("relay sync failed (%d in a row): %s", failures, exc)
+                except AstraflowError as exc:
+                    failed = True
+                    log.error("relay sync failed (%d in a row): %s", failures + 1, exc)
+            failures = failures + 1 if failed else 0
             stop.wait(every_s if failures == 0 else min(every_s * 2**failures, 30.0))
 
     def close(self) -> None:
         """Finish local writes and release connections."""
+        for workers in self._workers.values():
+            workers.shutdown(wait=False, cancel_futures=True)
         self.store.close()
         self.client.close()
 
@@ -206,7 +272,10 @@ class _OnDemand:
         if match is not None and self._authorized(scope):
             policy, version = match[1], int(match[2])
             try:
-                await asyncio.to_thread(self.relay.ensure, policy, version)
+                await self.relay.ensure_async(policy, version)
+            except ServiceBusyError as exc:
+                await _send_error(send, 503, exc.code, str(exc))
+                return
             except AstraflowError as exc:
                 message = str(exc)
                 if not isinstance(exc, RelayError):

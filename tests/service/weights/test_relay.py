@@ -5,10 +5,14 @@ refuses corrupt upstream data, and fails loud naming the upstream when the WAN i
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -212,3 +216,109 @@ def test_relay_pulls_nothing_for_a_caller_without_a_token(tmp_path: Path) -> Non
         finally:
             relay.close()
     assert len(relay.pulls) == 1 and _same(node, states[0])
+
+
+class _Upstream:
+    """Counts the relay's upstream ``latest`` checks and holds those of the names ``hold``
+    picks until ``gate`` opens; counts the on-demand requests that reached the relay."""
+
+    def __init__(self, relay: WeightRelay, hold: Callable[[str], bool] = lambda _: False) -> None:
+        self.calls: list[str] = []
+        self.entered = 0
+        self.gate = threading.Event()
+        self._hold = hold
+        self._latest = relay.client.latest
+        self._ensure = relay.ensure_async
+        relay.client.latest = self.latest  # type: ignore[method-assign]
+        relay.ensure_async = self.ensure  # type: ignore[method-assign]
+
+    def latest(self, policy: str) -> int | None:
+        self.calls.append(policy)
+        if self._hold(policy):
+            assert self.gate.wait(60), "the test never opened the gate"
+        return self._latest(policy)
+
+    async def ensure(self, policy: str, version: int) -> None:
+        self.entered += 1
+        await self._ensure(policy, version)
+
+    def wait_entered(self, n: int) -> None:
+        deadline = time.monotonic() + 60
+        while self.entered < n:
+            assert time.monotonic() < deadline, f"{self.entered} of {n} requests arrived"
+            time.sleep(0.01)
+
+
+@contextmanager
+def _get_all(url: str, paths: list[str]) -> Iterator[list[Future[httpx.Response]]]:
+    """GET every path at once, each from a thread of its own."""
+    limits = httpx.Limits(max_connections=len(paths))
+    with (
+        httpx.Client(base_url=url, timeout=60, limits=limits) as client,
+        ThreadPoolExecutor(len(paths)) as pool,
+    ):
+        yield [pool.submit(client.get, path) for path in paths]
+
+
+def test_concurrent_requests_for_a_missing_version_share_one_upstream_check(
+    region: Region,
+) -> None:
+    """Thirty requests for a version upstream lacks (a hostile flood, or nodes ahead of the
+    relay) make two upstream checks, not thirty in a row that a real node would queue behind."""
+    states = _states(2, size=1000)
+    region.store.publish("p", 0, states[0]).result()
+    region.relay.sync("p")
+    upstream = _Upstream(region.relay, hold=lambda policy: True)
+    with _get_all(region.url, ["/v1/weights/files/p/v00099999/manifest.json"] * 30) as replies:
+        upstream.wait_entered(30)
+        upstream.gate.set()
+        assert [r.result().status_code for r in replies] == [404] * 30
+    # the first check was in flight when the others came: they join it and then one more
+    assert upstream.calls == ["p", "p"]
+    region.store.publish("p", 1, states[1]).result()
+    node = _zeros(states[0])
+    with WeightClient(region.url, options=FAST) as client:
+        client.pull("p", node, None, 1)
+    assert _same(node, states[1]) and upstream.calls == ["p"] * 3
+
+
+def test_names_upstream_never_served_are_not_polled_and_cannot_hold_up_served_policies(
+    region: Region,
+) -> None:
+    states = _states(2, size=1000)
+    region.store.publish("p", 0, states[0]).result()
+    region.relay.sync("p")
+    region.relay.max_probes = 3
+    upstream = _Upstream(region.relay, hold=lambda policy: policy.startswith("nope"))
+    paths = [f"/v1/weights/files/nope{i}/v00000000/manifest.json" for i in range(8)]
+    with _get_all(region.url, paths) as replies:
+        upstream.wait_entered(8)
+        # the unknown names' checks are stuck upstream; the policy the relay serves still moves
+        region.store.publish("p", 1, states[1]).result()
+        node = _zeros(states[0])
+        with WeightClient(region.url, options=FAST) as client:
+            client.pull("p", node, None, 1)
+        assert _same(node, states[1])
+        upstream.gate.set()
+        answers = [r.result() for r in replies]
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [404] * 3 + [503] * 5  # three queued at most, the rest told to retry
+    busy = [a.json() for a in answers if a.status_code == 503]
+    assert all("does not serve" in b["error"]["message"] for b in busy)
+    assert region.relay.policies == ["p"]  # nothing to poll for names upstream lacks
+    assert len([c for c in upstream.calls if c.startswith("nope")]) == 3
+
+
+def test_a_version_number_no_store_can_hold_is_refused_without_asking_upstream(
+    region: Region,
+) -> None:
+    states = _states(1, size=1000)
+    region.store.publish("p", 0, states[0]).result()
+    region.relay.sync("p")
+    upstream = _Upstream(region.relay)
+    with httpx.Client(base_url=region.url, timeout=30) as client:
+        for digits in (17, 40, 5000):  # 5000: past Python's int() limit (was a 500)
+            reply = client.get(f"/v1/weights/files/p/v{'9' * digits}/manifest.json")
+            assert 400 <= reply.status_code < 500, (digits, reply.status_code, reply.text)
+            assert reply.json()["error"]["code"] in ("invalid", "not_found")
+    assert upstream.calls == []
