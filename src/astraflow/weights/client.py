@@ -316,9 +316,10 @@ class WeightClient:
             merged = ahead.merged()
             if merged is not None and merged.checksum == target.checksum and merged.base == have:
                 plans["merged"] = _Plan("merged", None, [merged])
-        # a full plan moves at least the tensors' own bytes: no need to walk back to the last
-        # full snapshot (a manifest, a round trip, per version) when a delta path is smaller
-        if not plans or min(p.bytes for p in plans.values()) >= _tensor_bytes(target):
+        # a full plan moves at least the tensors' own bytes, plus the target's delta when the
+        # target is not a snapshot itself: no need to walk back to the last full snapshot (a
+        # manifest, a round trip, per version) when a delta path moves fewer bytes than that
+        if not plans or min(p.bytes for p in plans.values()) >= _full_plan_floor(target):
             plans["full"] = self._full_plan(target, ahead.manifest)
         return plans
 
@@ -513,6 +514,15 @@ class WeightClient:
 def _tensor_bytes(target: WeightManifest) -> int:
     """Bytes of the tensors themselves: no full snapshot of them is smaller."""
     return sum(e.numel * dtype_itemsize(e.dtype) for e in target.tensors)
+
+
+def _full_plan_floor(target: WeightManifest) -> int:
+    """Fewest bytes a full plan to ``target`` can move: a snapshot (no smaller than the
+    tensors), and, when ``target`` is not a snapshot, every delta after it, ``target``'s own
+    included (so a one-delta refresh never walks the chain back even when its delta is as
+    large as the tensors: uncompressed fp32, where nearly every value changes)."""
+    own = [f.size for f in target.files if f.name == DELTA_FILE and not target.full]
+    return _tensor_bytes(target) + sum(own)
 
 
 def _storage_key(t: torch.Tensor) -> tuple[object, ...]:

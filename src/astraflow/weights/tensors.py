@@ -69,10 +69,20 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
 
 
 def bits(t: torch.Tensor) -> codec.UIntArray:
-    """The flat unsigned-integer numpy view of a CPU tensor's bits (shares its memory)."""
+    """The flat unsigned-integer numpy view of a CPU tensor's bits (shares its memory).
+
+    One torch call (the integer view; numpy does the rest): every torch call lets go of the
+    GIL, and a pull's worker threads waited up to a switch interval to get it back after each.
+    """
     if t.device.type != "cpu":
         raise ValidationError(f"bits() needs a CPU tensor, got one on {t.device}")
-    view = _int_view(t).numpy()
+    if not t.is_contiguous():
+        raise ValidationError("weights must be contiguous tensors to be updated in place")
+    try:
+        kind = _INT_VIEW[t.element_size()]
+    except KeyError:
+        raise ValidationError(f"unsupported element size {t.element_size()} ({t.dtype})") from None
+    view = (t.detach() if t.requires_grad else t).view(kind).numpy().reshape(-1)
     return view.view(codec.uint_dtype(t.element_size()))
 
 

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,7 +59,7 @@ def _copy(state: State) -> State:
     return {k: v.clone() for k, v in state.items()}
 
 
-def _publish(root: Path, states: list[State], **config: int) -> WeightStore:
+def _publish(root: Path, states: list[State], **config: Any) -> WeightStore:
     store = WeightStore(root, WeightStoreConfig(**config))
     for v, s in enumerate(states):
         store.publish("p", v, s).result(timeout=60)
@@ -264,3 +265,32 @@ def test_cli_serve_runs_as_a_process(weight_root: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=20)
     assert proc.returncode in (0, -signal.SIGTERM), out
+
+
+def test_a_one_delta_refresh_never_walks_back_to_the_snapshot(weight_root: Path) -> None:
+    """Uncompressed fp32 deltas where every value changes (the quickstart's store) are as large
+    as the tensors; a full plan would still move a snapshot plus the target's own delta, so a
+    node one version behind takes the delta without reading the manifests back to the last
+    snapshot (a read each, a round trip each over HTTP). Two behind, a snapshot could win."""
+    gen = torch.Generator().manual_seed(0)
+    states = [{"w": torch.randn(50_000, generator=gen)}]
+    for _ in range(7):
+        states.append({"w": states[-1]["w"] + torch.randn(50_000, generator=gen) * 1e-3})
+    _publish(weight_root, states, full_every=4, keep=100, compress_deltas=False).close()
+    with WeightClient(weight_root) as client:
+        asked: list[int] = []
+        manifest = client.manifest
+
+        def counted(policy: str, version: int) -> Any:
+            asked.append(version)
+            return manifest(policy, version)
+
+        client.manifest = counted  # type: ignore[method-assign]
+        node = _copy(states[5])
+        stats = client.pull("p", node, have=5, want=6)
+        assert (stats.path, set(stats.candidates)) == ("chain", {"chain"})
+        assert _same(node, states[6]) and 4 not in asked  # the snapshot's manifest: not read
+        node = _copy(states[5])
+        stats = client.pull("p", node, have=5, want=7)
+        assert set(stats.candidates) == {"chain", "full"}
+        assert stats.bytes == min(stats.candidates.values()) and _same(node, states[7])
