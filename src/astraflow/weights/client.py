@@ -183,7 +183,7 @@ class WeightClient:
         want = self._want(policy, version)
         plan = self._full_plan(self.manifest(policy, want))
         with self._workdir() as work:
-            local = self._download(plan, work)
+            local = _on_disk(self._download(plan, work))
             assert plan.full is not None
             # copied out, not load_file's tensors: those map the temporary file (kept on disk
             # while they live, and each page copied on its first write, e.g. by a pull)
@@ -240,11 +240,12 @@ class WeightClient:
                     verified = self._commit_early(plan.deltas[0], early, tensors, ahead)
                 else:
                     ahead.discard()  # the read-ahead's changes undone, nothing reads the tensors
+                    files = _on_disk(local)
                     if plan.path == "full":
-                        self._copy_full(plan, local.pop(0), tensors)
+                        self._copy_full(plan, files.pop(0), tensors)
                     elif self.verify_base:
                         ahead.check_base(plan.deltas[0].base or 0)
-                    self._apply_deltas(plan, local, tensors, journal)
+                    self._apply_deltas(plan, files, tensors, journal)
             self._verify(target, tensors, skip=verified)
         except BaseException:
             undone = journal.undo() + (ahead.discard() if ahead is not None else 0)
@@ -325,29 +326,38 @@ class WeightClient:
 
     # -- moving bytes -------------------------------------------------------------------------
 
-    def _download(self, plan: _Plan, work: Path, ahead: _Ahead | None = None) -> list[Path]:
+    def _download(
+        self, plan: _Plan, work: _Scratch, ahead: _Ahead | None = None
+    ) -> list[Path | None]:
+        """The plan's files on disk, in order (None: a delta read ahead, applied from memory)."""
         jobs = []
         if plan.full is not None:
             jobs.append((plan.full, FULL_FILE))
         jobs += [(m, DELTA_FILE) for m in plan.deltas]
         if len(jobs) == 1:  # the usual refresh (one delta): no thread to start and join
             m, name = jobs[0]
-            return [self._fetch_file(m, name, plan.path, work / f"0-{name}", ahead)]
+            return [self._fetch_file(m, name, plan.path, work, f"0-{name}", ahead)]
         with ThreadPoolExecutor(min(4, len(jobs)), thread_name_prefix="weights-files") as pool:
-            futures = [pool.submit(self._fetch_file, m, name, plan.path, work / f"{i}-{name}",
+            futures = [pool.submit(self._fetch_file, m, name, plan.path, work, f"{i}-{name}",
                                    ahead) for i, (m, name) in enumerate(jobs)]  # fmt: skip
             return [f.result() for f in futures]
 
     def _fetch_file(
-        self, m: WeightManifest, name: str, path: Path_, dest: Path, ahead: _Ahead | None = None
-    ) -> Path:
+        self,
+        m: WeightManifest,
+        name: str,
+        path: Path_,
+        work: _Scratch,
+        dest: str,
+        ahead: _Ahead | None = None,
+    ) -> Path | None:
         entry = m.file(name)
         if ahead is not None and path == "chain" and name == DELTA_FILE:
             early = ahead.delta(m.version)  # requested with the manifests: checked like any
             if early is not None:
                 if len(early.data) == entry.size and early.digest == entry.checksum:
                     early.verified = True  # applied from memory (_commit_early)
-                    return dest
+                    return None
                 logger.warning("delta read ahead does not verify source=%s version=%d: "
                                "fetched again", self.source.url, m.version)  # fmt: skip
         vdir = (
@@ -358,7 +368,7 @@ class WeightClient:
         what = f"policy {m.policy} version {m.version} file {name}"
         if path == "merged":
             what = f"policy {m.policy} merged v{m.base}->v{m.version} file {name}"
-        return self._fetch_verified(f"{vdir}/{name}", entry.size, entry.checksum, dest, what)
+        return self._fetch_verified(f"{vdir}/{name}", entry.size, entry.checksum, work / dest, what)
 
     def _fetch_verified(self, rel: str, size: int, digest: str, dest: Path, what: str) -> Path:
         for attempt in range(self.options.retries + 1):
@@ -378,13 +388,14 @@ class WeightClient:
         )
 
     @contextmanager
-    def _workdir(self) -> Iterator[Path]:
-        if self.cache_dir is not None:
-            self.cache_dir.mkdir(parents=True, exist_ok=True)
+    def _workdir(self) -> Iterator[_Scratch]:
         with self._lock:
             self._resumes = 0
-        with tempfile.TemporaryDirectory(prefix="pull-", dir=self.cache_dir) as work:
-            yield Path(work)
+        work = _Scratch(self.cache_dir)
+        try:
+            yield work
+        finally:
+            work.cleanup()
 
     # -- applying ------------------------------------------------------------------------------
 
@@ -509,6 +520,39 @@ class WeightClient:
                     + ("" if before else " (were they at the base version?)"),
                     field=entry.name,
                 )
+
+
+class _Scratch:
+    """A pull's scratch directory, made on first use: a refresh applied from memory (the
+    delta read ahead) writes no file, so it makes no directory (creating and removing one was
+    a sixth of such a pull's CPU). ``work / name`` is a path in it (thread-safe)."""
+
+    def __init__(self, parent: Path | None) -> None:
+        self._parent = parent
+        self._dir: Path | None = None
+        self._lock = threading.Lock()
+
+    def __truediv__(self, name: str) -> Path:
+        with self._lock:
+            if self._dir is None:
+                if self._parent is not None:
+                    self._parent.mkdir(parents=True, exist_ok=True)
+                self._dir = Path(tempfile.mkdtemp(prefix="pull-", dir=self._parent))
+            return self._dir / name
+
+    def cleanup(self) -> None:
+        """Remove the directory and what is in it (if it was made)."""
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _on_disk(local: list[Path | None]) -> list[Path]:
+    """Files a plan fetched; every one must be on disk (only a single-delta read-ahead is
+    applied from memory, and that path never comes here)."""
+    files = [p for p in local if p is not None]
+    if len(files) != len(local):
+        raise AssertionError("a delta applied from memory was planned to be read from disk")
+    return files
 
 
 def _tensor_bytes(target: WeightManifest) -> int:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -410,3 +412,28 @@ def test_pull_into_cuda_tensors(tmp_path: Path) -> None:
     assert client.pull("p", node, have=1, want=3).path in ("chain", "full")
     assert {k: v.data_ptr() for k, v in node.items()} == pointers  # in place, on the device
     assert _same({k: v.cpu() for k, v in node.items()}, states[3])
+
+
+def test_a_refresh_from_memory_makes_no_scratch_dir_and_a_download_leaves_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    states = _perturbed_chain(3)
+    with WeightStore(tmp_path / "store") as store:
+        _publish_all(store, states)
+    cache = tmp_path / "cache"
+    made: list[str] = []
+    mkdtemp = tempfile.mkdtemp
+
+    def counted(*args: Any, **kwargs: Any) -> str:
+        made.append(mkdtemp(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", counted)
+    client = WeightClient(tmp_path / "store", cache_dir=cache)
+    node = _copy(states[1])
+    stats = client.pull("p", node, have=1, want=2)  # one delta, read ahead: applied from memory
+    assert stats.path == "chain" and _same(node, states[2]) and made == []
+    node = _copy(states[0])
+    client.pull("p", node, have=None, want=2)  # a download: files in a scratch dir, removed
+    assert _same(node, states[2]) and len(made) == 1 and Path(made[0]).parent == cache
+    assert list(cache.iterdir()) == []
