@@ -116,9 +116,11 @@ class NodePolicy(NamedPolicy):
                 return False
             started = time.perf_counter()
             have = self.version
+            phases: dict[str, float] = {}
             if self.from_store and have >= 0:
                 try:
                     await self.engine.apply(source, self._name, want)
+                    phases = getattr(self.engine, "apply_phases", None) or {}
                 except Exception:
                     if self.engine.version >= 0:
                         raise  # weights intact: try again later
@@ -130,11 +132,12 @@ class NodePolicy(NamedPolicy):
                 await self._load_locked(source, want)
             self.refresh_s = time.perf_counter() - started
             log.info(
-                "refreshed policy=%s from=%d to=%d seconds=%.3f",
+                "refreshed policy=%s from=%d to=%d seconds=%.3f%s",
                 self._name,
                 have,
                 want,
                 self.refresh_s,
+                "".join(f" {k}={v:.3f}" for k, v in phases.items()),
             )
             return True
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,4 +66,32 @@ async def test_a_caller_that_gives_up_takes_its_queued_requests_out(tmp_path: Pa
         metrics = engine.metrics()
         assert metrics["batches"] == 2 and metrics["mean_batch_size"] == 1.0, metrics
     finally:
+        await engine.close()
+
+
+async def test_calls_answered_in_one_step_wake_the_callers_loop_once(tmp_path: Path) -> None:
+    """Sixteen calls (a node's tasks, each a group) answered at the same decode step: the
+    engine thread hands their answers to the loop in one wake-up, not sixteen."""
+    engine = tiny_engine(tmp_path, batch_wait_ms=50.0, max_batch_size=64)
+    loop = asyncio.get_running_loop()
+    wakes = 0
+    threadsafe = loop.call_soon_threadsafe
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal wakes
+        wakes += 1
+        return threadsafe(*args, **kwargs)
+
+    try:
+        prompt = _prompt(engine)
+        group = [GenerationRequest(prompt, max_new_tokens=3, min_new_tokens=3)] * 4
+        await engine.generate(group)  # warm: the model's first batch
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        batches = engine.metrics()["batches"]
+        outputs = await asyncio.gather(*(engine.generate(group) for _ in range(16)))
+        assert engine.metrics()["batches"] == batches + 1  # one batch, every row 3 tokens
+        assert all(len(o.token_ids) == 3 for out in outputs for o in out)
+        assert wakes == 1, wakes
+    finally:
+        loop.call_soon_threadsafe = threadsafe  # type: ignore[method-assign]
         await engine.close()

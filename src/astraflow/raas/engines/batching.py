@@ -25,6 +25,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -59,6 +60,59 @@ class _Stop:
     pass
 
 
+class _Waker:
+    """Runs callbacks on one event loop from other threads, with one wake-up for all that are
+    handed over together: the engine thread defers the answers of one decode step and kicks
+    the loop once after it, so 16 calls answered at one step wake the callers' loop once, not
+    16 times (each wake-up is a write to the loop's self-pipe, and the loop's thread then
+    contends with the engine's for the GIL)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = weakref.ref(loop)
+        self._lock = threading.Lock()
+        self._pending: list[Callable[[], None]] = []
+        self._scheduled = False
+
+    def call(self, fn: Callable[[], None], *, defer: bool = False) -> None:
+        """Run ``fn`` on the loop soon; with ``defer``, at the next ``kick`` (dropped if the
+        loop has closed: nobody waits then)."""
+        with self._lock:
+            self._pending.append(fn)
+            if defer or self._scheduled:
+                return
+            self._scheduled = True
+        self._schedule()
+
+    def kick(self) -> None:
+        """Wake the loop for what was deferred (if it is not woken already)."""
+        with self._lock:
+            if self._scheduled or not self._pending:
+                return
+            self._scheduled = True
+        self._schedule()
+
+    def _schedule(self) -> None:
+        loop = self._loop()
+        try:
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the caller's loop already closed
+            with self._lock:
+                self._pending.clear()
+                self._scheduled = False
+
+    def _run(self) -> None:
+        with self._lock:
+            todo, self._pending = self._pending, []
+            self._scheduled = False
+        for fn in todo:
+            try:
+                fn()
+            except Exception:  # one callback must not keep the others from running
+                log.exception("engine callback failed")
+
+
 _Job = Pending | _Control | _Stop
 
 
@@ -90,6 +144,13 @@ class BatchingEngine(abc.ABC):
         self._batched = 0
         self._busy_s = 0.0
         self._cpu_s = 0.0  # the engine thread's CPU seconds, last read
+        self._wakers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waker] = (
+            weakref.WeakKeyDictionary()
+        )
+        """One per callers' loop: answers of one decode step wake it once."""
+        self._wakers_lock = threading.Lock()
+        self._holding = False  # engine thread: answers wait for ``_release_wakes``
+        self._held: set[_Waker] = set()
         self._backlog: list[_Job] = []
         """Jobs taken off the queue that run before it (met while collecting or joining)."""
         self._joins_closed = False
@@ -102,7 +163,8 @@ class BatchingEngine(abc.ABC):
         """Queue every request and wait for all of them (see ``Engine.generate``).
 
         The caller's loop is woken once per call, when the last request is answered or the
-        first one fails, not once per request (a group of ``n`` samples is one call). The
+        first one fails, not once per request (a group of ``n`` samples is one call), and calls
+        answered together wake it once between them (``_Waker``). The
         first failure in request order is raised and the requests still queued or running are
         cancelled; a caller cancelled while waiting cancels them all too.
         """
@@ -110,6 +172,10 @@ class BatchingEngine(abc.ABC):
         if not jobs:
             return []
         loop = asyncio.get_running_loop()
+        with self._wakers_lock:  # callers may run several loops, each on its own thread
+            waker = self._wakers.get(loop)
+            if waker is None:
+                waker = self._wakers[loop] = _Waker(loop)
         settled: asyncio.Future[None] = loop.create_future()
         left = len(jobs)
         lock = threading.Lock()
@@ -125,8 +191,7 @@ class BatchingEngine(abc.ABC):
                 left -= 1
                 last = left == 0
             if last or failed:
-                with contextlib.suppress(RuntimeError):  # the caller's loop already closed
-                    loop.call_soon_threadsafe(settle)
+                self._wake(waker, settle)
 
         for job in jobs:
             job.future.add_done_callback(answered)
@@ -305,7 +370,29 @@ class BatchingEngine(abc.ABC):
         except Exception as exc:  # delivered to the awaiting caller
             job.future.set_exception(exc)
 
+    def _wake(self, waker: _Waker, fn: Callable[[], None]) -> None:
+        if self._holding and threading.current_thread() is self._thread:
+            waker.call(fn, defer=True)
+            self._held.add(waker)
+        else:
+            waker.call(fn)
+
+    def _release_wakes(self) -> None:
+        """Engine thread, after a decode step: wake each waiting loop once for the answers of
+        the step (subclasses call it between steps; every batch ends with it)."""
+        held, self._held = self._held, set()
+        for waker in held:
+            waker.kick()
+
     def _run_safely(self, batch: list[Pending]) -> None:
+        self._holding = True
+        try:
+            self._run_answering(batch)
+        finally:
+            self._holding = False
+            self._release_wakes()
+
+    def _run_answering(self, batch: list[Pending]) -> None:
         try:
             self._run_batch(batch)
             unanswered = [j for j in batch if not j.future.done()]

@@ -157,6 +157,7 @@ class BatchDecoder:
         *,
         join: Callable[[int], list[DecodedRow]] | None = None,
         on_done: Callable[[DecodedRow], None] | None = None,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
         """Decode every row to completion (fills ``token_ids``, ``logprobs``, ``finish_reason``).
 
@@ -168,7 +169,8 @@ class BatchDecoder:
         decoding, for requests that arrived since the batch started; they are prefilled on
         their own and join the running batch (both caches left-padded to one length, so every
         row keeps its own positions and mask). ``on_done`` is called with each row as soon as
-        it finishes, so its caller need not wait for the longest row of the batch.
+        it finishes, so its caller need not wait for the longest row of the batch; ``on_step``
+        after each step's rows were handed to ``on_done`` (the engine wakes their callers then).
         """
         live = list(rows)
         cache, mask, positions, logits = self._prefill(live)
@@ -184,6 +186,8 @@ class BatchDecoder:
                         _notify(on_done, row)
                 return
             tokens, done = self._draw(live, logits, params, on_done)
+            if on_step is not None:
+                on_step()
             if len(done) == len(live):
                 return
             step = tokens[:, None]
@@ -200,6 +204,8 @@ class BatchDecoder:
                 new = join(sum(r.finish_reason is None for r in live))
                 if new:
                     mask, next_pos, step = self._join(new, cache, mask, next_pos, step, on_done)
+                    if on_step is not None:
+                        on_step()
                     live += [r for r in new if r.finish_reason is None]
                     params = self._params(live)
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)

@@ -93,6 +93,8 @@ class TransformersEngine(BatchingEngine):
         self._shadow: dict[str, torch.Tensor] | None = None
         """The second buffer: a copy of the state dict that pulls write into."""
         self._shadow_version = NO_VERSION
+        self.apply_phases: dict[str, float] = {}
+        """Seconds of the last ``apply``'s steps (clone_s, pull_s, swap_s), for the node's log."""
         if context.model is not None:
             from astraflow.models import build_model
 
@@ -125,10 +127,18 @@ class TransformersEngine(BatchingEngine):
 
         Callers serialise weight changes (``NodePolicy`` holds a lock around them).
         """
+        started = time.perf_counter()
         if self._shadow is None or self._shadow_version != self._version:
             await self.call(self._clone_shadow)
+        cloned = time.perf_counter()
         await asyncio.to_thread(self._pull_shadow, source, policy, want)
+        pulled = time.perf_counter()
         await self.call(lambda: self._swap(want))
+        self.apply_phases = {
+            "clone_s": cloned - started,
+            "pull_s": pulled - cloned,
+            "swap_s": time.perf_counter() - pulled,  # mostly the wait for the batch running
+        }
 
     # ----------------------------------------------------------------- engine thread
 
@@ -263,5 +273,9 @@ class TransformersEngine(BatchingEngine):
 
         joined = join if self.config.continuous else None
         self._decoder.run(
-            rows_of(admitted), abort=self._closed.is_set, join=joined, on_done=finished
+            rows_of(admitted),
+            abort=self._closed.is_set,
+            join=joined,
+            on_done=finished,
+            on_step=self._release_wakes,
         )
