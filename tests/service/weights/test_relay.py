@@ -218,6 +218,14 @@ def test_relay_pulls_nothing_for_a_caller_without_a_token(tmp_path: Path) -> Non
     assert len(relay.pulls) == 1 and _same(node, states[0])
 
 
+def _relaying(region: Region, versions: int) -> list[State]:
+    """Small states; version 0 published upstream and relayed."""
+    states = _states(versions, size=1000)
+    region.store.publish("p", 0, states[0]).result()
+    region.relay.sync("p")
+    return states
+
+
 class _Upstream:
     """Counts the relay's upstream ``latest`` checks and holds those of the names ``hold``
     picks until ``gate`` opens; counts the on-demand requests that reached the relay."""
@@ -265,9 +273,7 @@ def test_concurrent_requests_for_a_missing_version_share_one_upstream_check(
 ) -> None:
     """Thirty requests for a version upstream lacks (a hostile flood, or nodes ahead of the
     relay) make two upstream checks, not thirty in a row that a real node would queue behind."""
-    states = _states(2, size=1000)
-    region.store.publish("p", 0, states[0]).result()
-    region.relay.sync("p")
+    states = _relaying(region, 2)
     upstream = _Upstream(region.relay, hold=lambda policy: True)
     with _get_all(region.url, ["/v1/weights/files/p/v00099999/manifest.json"] * 30) as replies:
         upstream.wait_entered(30)
@@ -285,9 +291,7 @@ def test_concurrent_requests_for_a_missing_version_share_one_upstream_check(
 def test_names_upstream_never_served_are_not_polled_and_cannot_hold_up_served_policies(
     region: Region,
 ) -> None:
-    states = _states(2, size=1000)
-    region.store.publish("p", 0, states[0]).result()
-    region.relay.sync("p")
+    states = _relaying(region, 2)
     region.relay.max_probes = 3
     upstream = _Upstream(region.relay, hold=lambda policy: policy.startswith("nope"))
     paths = [f"/v1/weights/files/nope{i}/v00000000/manifest.json" for i in range(8)]
@@ -312,9 +316,7 @@ def test_names_upstream_never_served_are_not_polled_and_cannot_hold_up_served_po
 def test_a_version_number_no_store_can_hold_is_refused_without_asking_upstream(
     region: Region,
 ) -> None:
-    states = _states(1, size=1000)
-    region.store.publish("p", 0, states[0]).result()
-    region.relay.sync("p")
+    _relaying(region, 1)
     upstream = _Upstream(region.relay)
     with httpx.Client(base_url=region.url, timeout=30) as client:
         for digits in (17, 40, 5000):  # 5000: past Python's int() limit (was a 500)
