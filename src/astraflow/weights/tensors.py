@@ -59,13 +59,18 @@ def torch_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def _int_view(t: torch.Tensor) -> torch.Tensor:
+def _int_kind(t: torch.Tensor) -> torch.dtype:
+    """The integer dtype of ``t``'s bits; ``ValidationError`` unless it can be changed in place."""
     if not t.is_contiguous():
         raise ValidationError("weights must be contiguous tensors to be updated in place")
     try:
-        return t.detach().reshape(-1).view(_INT_VIEW[t.element_size()])
+        return _INT_VIEW[t.element_size()]
     except KeyError:
         raise ValidationError(f"unsupported element size {t.element_size()} ({t.dtype})") from None
+
+
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().reshape(-1).view(_int_kind(t))
 
 
 def bits(t: torch.Tensor) -> codec.UIntArray:
@@ -76,12 +81,7 @@ def bits(t: torch.Tensor) -> codec.UIntArray:
     """
     if t.device.type != "cpu":
         raise ValidationError(f"bits() needs a CPU tensor, got one on {t.device}")
-    if not t.is_contiguous():
-        raise ValidationError("weights must be contiguous tensors to be updated in place")
-    try:
-        kind = _INT_VIEW[t.element_size()]
-    except KeyError:
-        raise ValidationError(f"unsupported element size {t.element_size()} ({t.dtype})") from None
+    kind = _int_kind(t)
     view = (t.detach() if t.requires_grad else t).view(kind).numpy().reshape(-1)
     return view.view(codec.uint_dtype(t.element_size()))
 
