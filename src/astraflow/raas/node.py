@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from astraflow.errors import NotFoundError
+from astraflow.errors import NotFoundError, ServiceUnavailableError
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.endpoint import AgentEndpoint, bind_endpoint
 from astraflow.raas.hosting import build_tools, build_workflows, host_policy
@@ -240,6 +240,7 @@ class RolloutNode:
     async def _lease_loop(self) -> None:
         cfg = self.config
         while not self._stop.is_set():
+            self._check_engines()
             if not await self._fresh_enough():
                 await self._pause(ERROR_BACKOFF_S)
                 continue
@@ -285,6 +286,17 @@ class RolloutNode:
                 # short when a refresh is due that has no newer version to go to yet
                 wait = reply.retry_after_s or cfg.idle_wait_s
                 await self._pause(min(wait, ERROR_BACKOFF_S / 20) if reply.refresh else wait)
+
+    def _check_engines(self) -> None:
+        """Stop leasing when an engine can serve no more calls (an engine process died): the
+        node exits with the error, its leases run out and other nodes (or this one, restarted
+        by its launcher) run the tasks, instead of it failing every task it leases."""
+        for name, policy in self.policies.items():
+            failed = getattr(policy.engine, "failed", None)
+            if failed:
+                raise ServiceUnavailableError(
+                    f"node {self.config.node_id}: the engine of policy {name!r} is gone: {failed}"
+                )
 
     def _can_refresh(self, names: Iterable[str]) -> bool:
         """Some policy of ``names`` is hosted, trained and behind the newest version announced:

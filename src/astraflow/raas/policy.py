@@ -142,8 +142,12 @@ class NodePolicy(NamedPolicy):
             return True
 
     async def _load_locked(self, source: WeightSource, version: int) -> None:
-        tensors = await asyncio.to_thread(source.load, self._name, version)
-        await self.engine.load(tensors, version)
+        load_from = getattr(self.engine, "load_from", None)
+        if load_from is not None:  # an engine that reads the store itself (its own process)
+            await load_from(source, self._name, version)
+        else:
+            tensors = await asyncio.to_thread(source.load, self._name, version)
+            await self.engine.load(tensors, version)
         self.from_store = True
         self._ready.set()
 

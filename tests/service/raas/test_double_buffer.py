@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
@@ -82,13 +83,16 @@ async def test_engine_generates_with_the_old_weights_while_the_new_ones_are_pull
         client.close()
 
 
+@pytest.mark.parametrize("process", [False, True], ids=["in-process", "engine-process"])
 async def test_node_refreshing_under_load_never_mixes_versions_in_a_generation(
-    tmp_path: Path, store: PolicyStore, weight_server: str
+    tmp_path: Path, store: PolicyStore, weight_server: str, process: bool
 ) -> None:
     tasks = write_tasks(tmp_path / "tasks.jsonl")
     harness = DataflowHarness(dataflow_config(tmp_path / "df", tasks, epochs=None))
+    engine = {"process": True} if process else {}  # the engine's own process pulls the deltas
     config = NodeConfig.model_validate({
-        "dataflow_url": harness.url, "weights": weight_server, "policies": {"policy": {}},
+        "dataflow_url": harness.url, "weights": weight_server,
+        "policies": {"policy": {"engine": engine}},
         "workflows": {"rlvr": {"sampling": {"max_new_tokens": 12, "temperature": 1.0}}},
         "capacity": 4, "node_id": "node-a", "work_dir": str(tmp_path / "node"),
         "idle_wait_s": 0.1,

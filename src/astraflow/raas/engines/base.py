@@ -183,6 +183,13 @@ def build_engine(spec: PluginSpec | Mapping[str, Any], context: EngineContext) -
     """Build the engine ``spec`` names (``{"type": ..., **its Config}``) for one policy."""
     if not isinstance(spec, PluginSpec):
         spec = PluginSpec.coerce({"type": "transformers", **spec})
+    if spec.kwargs.get("process") is True:  # the engine in a child process of its own
+        from astraflow.plugins import validate_config
+        from astraflow.raas.engines.process import ProcessEngine
+
+        inner = {**spec.kwargs, "process": False}
+        validate_config(ENGINES.resolve(spec.type), inner, f"engine {spec.type!r}")  # fail here
+        return ProcessEngine({"type": spec.type, **inner}, context)
     return ENGINES.construct(spec, context)
 
 

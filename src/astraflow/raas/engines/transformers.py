@@ -79,6 +79,10 @@ class TransformersEngine(BatchingEngine):
         ``max_batch_size``), and each request is answered as soon as its row finishes."""
         threads: int | None = Field(default=None, ge=1)
         """torch intra-op threads for this process (default: torch's choice)."""
+        process: bool = False
+        """Run the engine in a child process of its own (``engines.process``): the node's
+        event loop (workflows, the agent endpoint, submits) and weight pulls then no longer
+        share an interpreter lock with the engine thread, and use a second core."""
 
     def __init__(self, config: TransformersEngine.Config, context: EngineContext) -> None:
         self.config = config
