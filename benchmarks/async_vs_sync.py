@@ -180,6 +180,11 @@ def run_one(name: str, data: dict[str, Any], mode: str, args: argparse.Namespace
     data.update(mode=mode, run_dir=str(run_dir), max_time_s=args.steps * 10.0 + 180)
     if args.placement:
         data["placement"] = args.placement
+        for policy in data["policies"].values():  # a node's engine process inherits the
+            # node's one core, where it only adds a pipe: the engine stays in the node
+            engine = (policy.get("rollout") or {}).get("engine")
+            if isinstance(engine, dict) and engine.get("process"):
+                engine["process"] = False
     for policy in data["policies"].values():
         policy["trainer"] = {**policy["trainer"], "max_steps": args.steps,
                              "checkpoint": {"every": 0}}  # fmt: skip

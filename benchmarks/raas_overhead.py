@@ -37,6 +37,9 @@ move wall time by +-30% from round to round, CPU time far less.
     .venv/bin/python benchmarks/raas_overhead.py            # 3.2M-param model, 8 rounds
     .venv/bin/python benchmarks/raas_overhead.py --quick    # small model, 3 rounds
     .venv/bin/python benchmarks/raas_overhead.py --endpoint --skip-node   # endpoint table only
+    .venv/bin/python benchmarks/raas_overhead.py --endpoint --skip-node --engine-process
+        # the same with the engine in a process of its own (engine option process: true); the
+        # CPU columns then add the engine process's CPU to this one's
 
 Timings on a shared 2-core machine are noisy (+-30%); the script runs the paths
 alternately ``--repeats`` times and reports the median of each.
@@ -86,6 +89,11 @@ def parse_args() -> argparse.Namespace:
         help="endpoint tables also for calls of exactly these lengths (min_tokens)",
     )
     p.add_argument("--skip-node", action="store_true", help="skip the node rows")
+    p.add_argument(
+        "--engine-process",
+        action="store_true",
+        help="every row's engine in a child process of its own (engine option process: true)",
+    )
     args = p.parse_args()
     if args.quick:
         args.hidden, args.layers, args.rounds, args.repeats, args.new_tokens = 64, 2, 3, 1, 24
@@ -408,6 +416,8 @@ async def run_endpoint_pair(
         and the engine's batches and engine-thread CPU since ``before`` (its metrics)."""
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         after = policy.engine.metrics()  # type: ignore[attr-defined]
+        # an engine in its own process (--engine-process): its CPU counts too
+        cpu += after.get("process_cpu_s", 0.0) - before.get("process_cpu_s", 0.0)
         return {
             "tokens": tokens, "seconds": elapsed, "cpu": cpu, "calls": calls,
             "batches": after["batches"] - before["batches"],
@@ -649,6 +659,8 @@ async def main() -> None:
         "device": "cpu",
         "max_batch_size": args.batch * args.group,
     }
+    if args.engine_process:  # the child sets its own torch threads
+        engine_cfg |= {"process": True, **({"threads": args.threads} if args.threads else {})}
     with tempfile.TemporaryDirectory(prefix="raas-bench-") as tmp:
         root = Path(tmp)
         setup_store(root, args)

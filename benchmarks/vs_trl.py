@@ -110,6 +110,8 @@ def _kind(pid: int) -> str:
         return "launcher"
     words = [a.decode(errors="replace") for a in args]
     for i, word in enumerate(words[:-1]):
+        if word == "-m" and words[i + 1] == "astraflow.raas.engines.process_child":
+            return "engine"  # a node's engine in its own process (engine option process: true)
         if word == "astraflow" and i > 0 and words[i - 1] == "-m":
             return _KINDS.get(words[i + 1], "launcher")
     return "launcher"

@@ -364,10 +364,16 @@ class ProcessEngine:
                     self._dead or f"the engine of policy {self.context.policy!r} is closed"
                 )
             self._pending[ident] = (loop, future)
-            if not big:
-                self._send(frame)
-        if big:  # a full load's tensors: written off the loop (the pipe takes 64 KiB a go)
-            await asyncio.to_thread(self._send_locked, frame)
+        try:
+            if big:  # a full load's tensors: written off the loop (a pipe takes 64 KiB a go)
+                await asyncio.to_thread(self._send_locked, frame)
+            else:
+                with self._lock:
+                    self._send(frame)
+        except BaseException:
+            with self._lock:
+                self._pending.pop(ident, None)
+            raise
         try:
             return await future
         except asyncio.CancelledError:
