@@ -5,12 +5,13 @@ their kind, and no call left hanging when either process dies."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -66,17 +67,31 @@ class MemoryOnly:
         raise AssertionError("a process engine never pulls through this process")
 
 
-async def test_the_engine_process_generates_and_refreshes_exactly_as_in_process(
-    tmp_path: Path, store: PolicyStore
-) -> None:
+@contextlib.asynccontextmanager
+async def _engines(
+    store: PolicyStore, tmp_path: Path, *, remote_model: bool
+) -> AsyncIterator[tuple[WeightClient, Any, ProcessEngine]]:
+    """A weight client, an in-process engine and one in its own process (closed after)."""
     client = WeightClient(store.root)
     local = build_engine({"type": "transformers", "device": "cpu"}, _context(store, tmp_path / "a"))
     remote = build_engine(
         {"type": "transformers", "device": "cpu", "process": True},
-        _context(store, tmp_path / "b", model=False),  # built from the store's assets
+        _context(store, tmp_path / "b", model=remote_model),
     )
     assert isinstance(remote, ProcessEngine) and remote.pid != os.getpid()
     try:
+        yield client, local, remote
+    finally:
+        await local.close()
+        await remote.close()
+        client.close()
+
+
+async def test_the_engine_process_generates_and_refreshes_exactly_as_in_process(
+    tmp_path: Path, store: PolicyStore
+) -> None:
+    # the process engine built from the store's assets, the other from the policy's model
+    async with _engines(store, tmp_path, remote_model=False) as (client, local, remote):
         for engine in (local, remote):
             await NodePolicy(
                 "policy", store.tokenizer, engine, frozen=False, from_store=False
@@ -85,7 +100,7 @@ async def test_the_engine_process_generates_and_refreshes_exactly_as_in_process(
         _same(await local.generate(REQUESTS), await remote.generate(REQUESTS))
         store.publish_perturbed(1, fraction=0.3)
         store.publish_perturbed(2, fraction=0.3, seed=2)
-        for engine in (local, remote):  # a one-delta pull, then two versions at once
+        for engine in (local, remote):  # two one-version delta pulls, one after the other
             await engine.apply(client, "policy", 1)
             await engine.apply(client, "policy", 2)
         assert remote.version == 2 and set(remote.apply_phases) >= {"pull_s", "swap_s"}
@@ -94,31 +109,18 @@ async def test_the_engine_process_generates_and_refreshes_exactly_as_in_process(
         _same(await local.generate(REQUESTS), at_two)
         figures = remote.metrics()
         assert figures["batches"] >= 2 and figures["process_cpu_s"] > 0
-    finally:
-        await local.close()
-        await remote.close()
-        client.close()
 
 
 async def test_weights_only_this_process_can_read_are_handed_over_bit_exact(
     tmp_path: Path, store: PolicyStore
 ) -> None:
-    client = WeightClient(store.root)
-    source = MemoryOnly(client)
-    local = build_engine({"type": "transformers", "device": "cpu"}, _context(store, tmp_path / "a"))
-    remote = build_engine(
-        {"type": "transformers", "device": "cpu", "process": True}, _context(store, tmp_path / "b")
-    )
-    try:
+    async with _engines(store, tmp_path, remote_model=True) as (client, local, remote):
+        source = MemoryOnly(client)
         store.publish_perturbed(1, fraction=0.5)
         await local.apply(client, "policy", 1)
         await remote.apply(source, "policy", 1)  # a full load of tied tensors from memory
         assert source.loads == 1 and remote.version == 1
         _same(await local.generate(REQUESTS), await remote.generate(REQUESTS))
-    finally:
-        await local.close()
-        await remote.close()
-        client.close()
 
 
 async def test_a_bad_request_fails_alone_with_its_own_error(
