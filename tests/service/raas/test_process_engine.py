@@ -62,7 +62,11 @@ class MemoryOnly:
         return self.client.load(policy, version)
 
     def pull(
-        self, policy: str, tensors: MutableMapping[str, Any], have: int | None, want: int | None
+        self,
+        policy: str,
+        tensors: MutableMapping[str, Any],
+        have: int | None,
+        want: int | None = None,
     ) -> Any:
         raise AssertionError("a process engine never pulls through this process")
 
