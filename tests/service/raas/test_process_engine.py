@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from astraflow.errors import PluginError, ServiceUnavailableError, ValidationError
+from astraflow.errors import AstraflowError, PluginError, ServiceUnavailableError, ValidationError
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.engines.base import EngineContext, GenerationRequest, build_engine
 from astraflow.raas.engines.process import ProcessEngine
@@ -160,6 +160,32 @@ def test_an_unknown_engine_option_is_refused_before_a_process_starts(
         build_engine(
             {"type": "transformers", "process": True, "bogus": 1}, _context(store, tmp_path)
         )
+
+
+def test_an_engine_the_child_cannot_build_fails_with_its_error_and_leaves_no_process(
+    tmp_path: Path, store: PolicyStore
+) -> None:
+    before = _children()
+    with pytest.raises(AstraflowError, match="no-such-device"):
+        build_engine(
+            {"type": "transformers", "device": "no-such-device", "process": True},
+            _context(store, tmp_path),
+        )
+    assert _children() == before
+
+
+def _children() -> set[int]:
+    """Live child processes of this one (an exited, unreaped one reads as gone)."""
+    me = str(os.getpid())
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
 
 
 async def test_a_killed_engine_process_fails_waiting_and_later_calls(

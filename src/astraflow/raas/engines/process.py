@@ -211,6 +211,9 @@ class ProcessEngine:
             self._start()
         except BaseException:
             self._kill()
+            for pipe in (self._out, self._in):
+                with contextlib.suppress(OSError):
+                    pipe.close()
             raise
         self._reader = threading.Thread(
             target=self._read_loop, name=f"engine-pipe-{context.policy}", daemon=True
