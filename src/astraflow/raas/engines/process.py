@@ -77,10 +77,7 @@ _HEAD = struct.Struct("<IQ")  # header bytes, blob bytes
 
 def write_frame(out: BinaryIO, header: Mapping[str, Any], blob: bytes = b"") -> None:
     """One frame: lengths, the JSON header, then the raw bytes."""
-    head = json.dumps(header, separators=(",", ":")).encode()
-    out.write(_HEAD.pack(len(head), len(blob)) + head)
-    if blob:
-        out.write(blob)
+    out.write(frame_bytes(header, blob))
     out.flush()
 
 
@@ -95,17 +92,28 @@ def read_frame(inp: BinaryIO) -> tuple[dict[str, Any], bytes] | None:
     prefix = _read_exactly(inp, _HEAD.size)
     if prefix is None:
         return None
-    n_head, n_blob = _HEAD.unpack(prefix)
-    if n_head > MAX_HEADER:
-        raise ValueError(f"engine frame header of {n_head} bytes (at most {MAX_HEADER})")
+    n_head, n_blob = frame_sizes(prefix)
     head = _read_exactly(inp, n_head)
     blob = _read_exactly(inp, n_blob) if n_blob else b""
     if head is None or blob is None:
         raise EOFError("the engine pipe ended inside a frame")
-    header = json.loads(head)
+    return frame_header(head), blob
+
+
+def frame_sizes(prefix: bytes) -> tuple[int, int]:
+    """Header and blob lengths from a frame's prefix (a header over ``MAX_HEADER`` refused)."""
+    n_head, n_blob = _HEAD.unpack(prefix)
+    if n_head > MAX_HEADER:
+        raise ValueError(f"engine frame header of {n_head} bytes (at most {MAX_HEADER})")
+    return int(n_head), int(n_blob)
+
+
+def frame_header(raw: bytes) -> dict[str, Any]:
+    """A frame's JSON header, which must be an object."""
+    header = json.loads(raw)
     if not isinstance(header, dict):
         raise ValueError("an engine frame header must be a JSON object")
-    return header, blob
+    return header
 
 
 def _read_exactly(inp: BinaryIO, n: int) -> bytes | None:
@@ -124,11 +132,13 @@ def _read_exactly(inp: BinaryIO, n: int) -> bytes | None:
 def tensors_to_blob(tensors: Mapping[str, torch.Tensor]) -> tuple[list[dict[str, Any]], bytes]:
     """Tensors as (name, dtype, shape, bytes) entries and one concatenated buffer (tensors
     that share storage, tied weights, travel once each: the child's load ties them again)."""
+    import torch
+
     entries: list[dict[str, Any]] = []
     parts: list[bytes] = []
     for name, tensor in tensors.items():
         t = tensor.detach().to("cpu").contiguous()
-        raw = t.reshape(-1).view(_byte_dtype()).numpy().tobytes() if t.numel() else b""
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         dtype = str(t.dtype).removeprefix("torch.")
         entries.append({"name": name, "dtype": dtype, "shape": list(t.shape), "bytes": len(raw)})
         parts.append(raw)
@@ -153,12 +163,6 @@ def tensors_from_blob(entries: Sequence[Mapping[str, Any]], blob: bytes) -> dict
     if offset != len(blob):
         raise ValueError(f"tensor entries cover {offset} of {len(blob)} bytes")
     return out
-
-
-def _byte_dtype() -> Any:
-    import torch
-
-    return torch.uint8
 
 
 def source_spec(source: WeightSource) -> dict[str, Any] | None:

@@ -23,10 +23,11 @@ import numpy as np
 from astraflow.observability import setup_logging
 from astraflow.raas.engines.process import (
     _HEAD,
-    MAX_HEADER,
     child_context,
     child_error,
     frame_bytes,
+    frame_header,
+    frame_sizes,
     tensors_from_blob,
 )
 
@@ -159,16 +160,12 @@ class _Child:
 
 
 async def _read(reader: asyncio.StreamReader) -> tuple[dict[str, Any], bytes] | None:
-    import json
-
     try:
         prefix = await reader.readexactly(_HEAD.size)
     except asyncio.IncompleteReadError:
         return None
-    n_head, n_blob = _HEAD.unpack(prefix)
-    if n_head > MAX_HEADER:
-        raise ValueError(f"engine frame header of {n_head} bytes")
-    head = json.loads(await reader.readexactly(n_head))
+    n_head, n_blob = frame_sizes(prefix)
+    head = frame_header(await reader.readexactly(n_head))
     blob = await reader.readexactly(n_blob) if n_blob else b""
     return head, blob
 
