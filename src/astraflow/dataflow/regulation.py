@@ -53,7 +53,7 @@ __all__ = [
 
 def group_behaviour_version(samples: Sequence[Sample]) -> int:
     """Oldest behaviour version in a group (``NO_VERSION`` when no sample has one)."""
-    made = [s.behaviour_version for s in samples if s.behaviour_version >= 0]
+    made = [v for v in (s.behaviour_version for s in samples) if v >= 0]
     return min(made) if made else NO_VERSION
 
 

@@ -48,12 +48,22 @@ class TaskRunner:
         self.workflows = workflows
         self.tools = tools
         self.meter = meter
-        self.submits = SubmitCoalescer(dataflow, config.submit_wait_s)
-        """Tasks that end together submit in one request."""
+        self.running = 0
+        """Tasks inside :meth:`run` (those waiting for their submit included)."""
+        self.submits = SubmitCoalescer(dataflow, config.submit_wait_s, running=lambda: self.running)
+        """Tasks that end together submit in one request (sent once all running wait)."""
 
     async def run(self, task: Task, secret: str) -> None:
         """Run ``task`` to a submit or a fail report (both carry the lease ``secret``); only
         cancellation propagates."""
+        self.running += 1
+        try:
+            await self._run(task, secret)
+        finally:
+            self.running -= 1
+            self.submits.poke()  # the held submissions may be all that is left
+
+    async def _run(self, task: Task, secret: str) -> None:
         started = time.monotonic()
         timeout = self.config.task_timeout_s
         try:

@@ -119,17 +119,21 @@ def _array_validator(dtype: str) -> BeforeValidator:
 
     target = np.dtype(dtype)
 
+    native = wire == target  # a little-endian machine: the wire bytes are the array's own
+
     def convert(value: Any) -> npt.NDArray[Any]:
         if isinstance(value, np.ndarray) and value.dtype == target and value.ndim == 1:
             return value.copy()  # built in process with the right dtype: in range already
         if isinstance(value, (bytes, bytearray, memoryview)):
-            raw = bytes(value)
+            raw = value if type(value) is bytes else bytes(value)
             if len(raw) % wire.itemsize:
                 raise ValueError(
                     f"packed array of {len(raw)} bytes is not a multiple of {wire.itemsize} "
                     f"({dtype})"
                 )
-            return np.frombuffer(raw, dtype=wire).astype(dtype, copy=True)
+            packed = np.frombuffer(raw, dtype=wire)
+            # a copy either way: the record owns its arrays, never the caller's buffer
+            return packed.copy() if native else packed.astype(dtype)
         arr = np.asarray(value)
         if arr.ndim != 1:
             raise ValueError(f"expected a 1-D array, got shape {arr.shape}")
@@ -190,6 +194,29 @@ MaskArray = Annotated[
     _array_serializer("uint8"),
     _array_schema("uint8", {"type": "integer", "minimum": 0, "maximum": 1}),
 ]
+
+
+#: Arrays up to this long are checked as Python lists: a numpy reduction costs ~2 us of call
+#: overhead, several times what a short list costs, and a sample's arrays are checked on every
+#: hop (built in the node, decoded by the dataflow, decoded by the trainer).
+_SHORT = 64
+
+
+def _lowest(v: npt.NDArray[Any]) -> int:
+    """The smallest value of a non-empty integer array."""
+    return int(min(v.tolist())) if v.shape[0] <= _SHORT else int(v.min())
+
+
+def _highest(v: npt.NDArray[Any]) -> int:
+    """The largest value of a non-empty integer array."""
+    return int(max(v.tolist())) if v.shape[0] <= _SHORT else int(v.max())
+
+
+def _all_finite(v: npt.NDArray[Any]) -> bool:
+    """No NaN and no infinity in a float array."""
+    if v.shape[0] <= _SHORT:
+        return all(map(math.isfinite, v.tolist()))
+    return bool(np.isfinite(v).all())
 
 
 class Record(BaseModel):
@@ -291,7 +318,7 @@ class Sample(Record):
     def _check_tokens(cls, v: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
         if v.shape[0] == 0:
             raise ValueError("token_ids is empty")
-        if int(v.min()) < 0:
+        if _lowest(v) < 0:
             raise ValueError("token_ids has a negative id")
         return v
 
@@ -301,11 +328,14 @@ class Sample(Record):
         tokens = info.data.get("token_ids")
         if tokens is not None and v.shape[0] != tokens.shape[0]:
             raise ValueError(f"has {v.shape[0]} entries but token_ids has {tokens.shape[0]}")
-        if info.field_name == "loss_mask" and v.size and int(v.max()) > 1:
+        if not v.size:
+            return v
+        field = info.field_name
+        if field == "loss_mask" and _highest(v) > 1:
             raise ValueError("must hold only 0 and 1")
-        if info.field_name == "logprobs" and not bool(np.isfinite(v).all()):
+        if field == "logprobs" and not _all_finite(v):
             raise ValueError("has a non-finite value")
-        if info.field_name == "versions" and v.size and int(v.min()) < NO_VERSION:
+        if field == "versions" and _lowest(v) < NO_VERSION:
             raise ValueError("must be >= -1")
         return v
 
@@ -327,7 +357,10 @@ class Sample(Record):
     @property
     def behaviour_version(self) -> int:
         """Oldest weight version that produced a trained token (-1 when none)."""
-        produced = self.versions[self.versions >= 0]
+        versions = self.versions
+        if versions.shape[0] <= _SHORT:
+            return min((v for v in versions.tolist() if v >= 0), default=NO_VERSION)
+        produced = versions[versions >= 0]
         return int(produced.min()) if produced.size else NO_VERSION
 
     def staleness(self, trainer_version: int) -> int:
@@ -340,7 +373,7 @@ class Sample(Record):
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise ``ValidationError`` when a token id is outside ``[0, vocab_size)``."""
-        top = int(self.token_ids.max())
+        top = _highest(self.token_ids)
         if top >= vocab_size:
             raise ValidationError(
                 f"token id {top} is outside the vocabulary of policy {self.policy!r} "

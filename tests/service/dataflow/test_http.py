@@ -220,6 +220,39 @@ async def test_async_client(dataflow_server: str) -> None:
         assert (await c.report()).policies["solver"].buffered_samples == 4
 
 
+async def test_held_submissions_go_as_soon_as_every_running_task_waits(
+    dataflow_server: str,
+) -> None:
+    """A node's coalescer knows how many tasks still run: once all of them wait to submit,
+    nothing more can join, and the request goes at once instead of after ``wait_s``."""
+    async with AsyncDataflowClient(dataflow_server) as c:
+        reply = await c.lease(LeaseRequest(node_id="a1", capacity=4, workflows=["rlvr"]))
+        tasks = list(reply.tasks)
+
+        def req(t: Task) -> SubmitRequest:
+            secret = reply.secrets[t.task_id]
+            return SubmitRequest(node_id="a1", task_id=t.task_id, attempt=t.attempt,
+                                 samples=make_group(t), secret=secret)  # fmt: skip
+
+        running = 3
+        coalescer = SubmitCoalescer(c, wait_s=3600.0, running=lambda: running)
+        first = [asyncio.create_task(coalescer.submit(req(t))) for t in tasks[:2]]
+        for _ in range(20):  # the event loop turns over: nothing is sent while a task runs
+            await asyncio.sleep(0)
+        assert coalescer.requests == 0 and not any(f.done() for f in first)
+        running = 2  # the third task ended without a submit (it failed): poke sends the two
+        coalescer.poke()
+        replies = await asyncio.wait_for(asyncio.gather(*first), 60)  # guard, not a budget
+        assert coalescer.requests == 1 and all(r.accepted for r in replies)
+        # all the running tasks submit together: sent with the last of them, in one request
+        running = 2
+        together = await asyncio.wait_for(
+            asyncio.gather(*(coalescer.submit(req(t)) for t in tasks[2:])), 60
+        )
+        assert coalescer.requests == 2 and all(r.accepted for r in together)
+        assert (await c.report()).policies["solver"].buffered_samples == 8
+
+
 def test_client_gives_up_on_a_dead_service() -> None:
     c = DataflowClient("http://127.0.0.1:9", retries=1, timeout_s=0.5)
     with pytest.raises(ServiceUnavailableError, match="after 2 tries"):

@@ -157,6 +157,31 @@ async def test_node_leases_runs_rlvr_pushes_valid_samples_and_refreshes(
         harness.stop()
 
 
+async def test_tasks_that_end_together_submit_at_once_in_one_request(
+    tmp_path: Path, store: PolicyStore, weight_server: str
+) -> None:
+    """The submit window is an hour here: samples still arrive, because the node sends the
+    held submissions as soon as every task it runs waits to submit (one request for them)."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl")
+    harness = DataflowHarness(dataflow_config(tmp_path / "df", tasks, epochs=None))
+    config = _node_config(harness.url, weight_server, tmp_path, capacity=4, submit_wait_s=3600)
+    node = RolloutNode(config)
+    client = harness.client()
+    runner = asyncio.create_task(node.run())
+    try:
+        samples = await _take(client, 16)
+        assert len(samples) >= 16
+        stats = node.stats()
+        done = stats.completed
+        assert done >= 8
+        assert stats.extra["submit_requests"] < done  # coalesced, not one request per task
+    finally:
+        node.request_stop()
+        await asyncio.wait_for(runner, 60)
+        client.close()
+        harness.stop()
+
+
 async def test_failing_workflow_is_reported_and_the_node_keeps_serving(
     tmp_path: Path, store: PolicyStore, weight_server: str
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -58,13 +59,20 @@ def test_json_form_uses_lists() -> None:
     assert parse(Sample, body) == s
 
 
-def test_derived_fields() -> None:
-    s = make_sample(versions=np.r_[[-1] * 4, [5, 5, 4, 6, 6, 6, 6, 6]])
-    assert s.num_tokens == 12
+@pytest.mark.parametrize("context", [4, 200])  # short and long arrays take different paths
+def test_derived_fields(context: int) -> None:
+    s = make_sample(n=context + 8, prompt=context,
+                    versions=np.r_[[-1] * context, [5, 5, 4, 6, 6, 6, 6, 6]])  # fmt: skip
+    assert s.num_tokens == context + 8
     assert s.num_generated == 8
     assert s.behaviour_version == 4
     assert s.staleness(7) == 3
     assert s.staleness(2) == 0
+    untrained = make_sample(n=context + 8, prompt=context + 8, versions=[-1] * (context + 8))
+    assert untrained.behaviour_version == -1 and untrained.staleness(9) == 0
+    with pytest.raises(ValidationError, match="token id 6 is outside"):
+        s.check_vocab(6)
+    s.check_vocab(7)
 
 
 @pytest.mark.parametrize(
@@ -112,6 +120,44 @@ def test_arrays_of_the_wire_dtype_are_still_checked_and_copied() -> None:
         with pytest.raises(ValidationError) as info:
             parse(Sample, {**make_sample().model_dump(), **change})
         assert info.value.field == field, change
+
+
+# short arrays are checked as Python lists, long ones in numpy
+@pytest.mark.parametrize("n", [12, 64, 65, 300])
+@pytest.mark.parametrize("form", ["arrays", "msgpack"])
+def test_one_bad_entry_anywhere_is_found_in_short_and_long_arrays(n: int, form: str) -> None:
+    good = make_sample(n=n, prompt=4)
+    assert unpack(Sample, pack(good)) == good
+
+    def with_entry(field: str, at: int, value: Any) -> dict[str, Any]:
+        column = getattr(good, field).copy()
+        column[at] = value
+        return {**good.model_dump(), field: column}
+
+    bad = [
+        ("token_ids", n - 1, -3),
+        ("loss_mask", n // 2, 2),
+        ("logprobs", n - 1, np.nan),
+        ("logprobs", 5, np.inf),
+        ("logprobs", n - 2, -np.inf),
+        ("versions", n - 1, -2),
+    ]
+    for field, at, value in bad:
+        fields = with_entry(field, at, value)
+        with pytest.raises(ValidationError) as info:
+            if form == "arrays":
+                parse(Sample, fields)
+            else:  # what a node sends: the arrays as packed bytes
+                packed = {
+                    k: v.tobytes() if isinstance(v, np.ndarray) else v for k, v in fields.items()
+                }
+                unpack(Sample, msgpack.packb(packed, use_bin_type=True))
+        assert info.value.field == field, (field, at, value)
+    # the record owns its arrays: not a view of the buffer it was decoded from
+    body = bytearray(pack(good))
+    back = unpack(Sample, body)
+    body[:] = bytes(len(body))
+    assert back == good and back.token_ids.flags.writeable
 
 
 def test_vocab_check() -> None:
