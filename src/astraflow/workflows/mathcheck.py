@@ -18,6 +18,7 @@ started over), and is bounded by ``START_TIMEOUT_S`` instead.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import functools
 import json
@@ -168,8 +169,11 @@ class MathVerifyPool:
 
 @functools.cache
 def shared_pool(workers: int = 1, timeout_s: float = 5.0) -> MathVerifyPool:
-    """One pool per process and setting, shared by every math reward."""
-    return MathVerifyPool(workers, timeout_s)
+    """One pool per process and setting, shared by every math reward; its workers are
+    stopped when the process exits (their pipes closed, their exit waited for)."""
+    pool = MathVerifyPool(workers, timeout_s)
+    atexit.register(pool.close)
+    return pool
 
 
 def _serve() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -77,6 +79,22 @@ async def test_math_reward_scores_timeouts_zero() -> None:
     reward = REWARDS.build({"type": "math", "timeout_s": 1.0})
     assert await reward("\\boxed{42}", {"answer": 42}) == 1.0
     assert await reward("\\boxed{9^{9^{9^{9}}}}", {"answer": "5"}) == 0.0
+
+
+def test_the_shared_math_pool_stops_its_workers_when_the_process_exits() -> None:
+    """A process that used the shared pool exits without leaving its worker running or its
+    pipes open (Python's development mode reports both as ``ResourceWarning``)."""
+    program = (
+        "from astraflow.workflows.mathcheck import shared_pool\n"
+        "print(shared_pool().verify_sync('$2$', '2'), flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-c", program],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert "ResourceWarning" not in done.stderr, done.stderr
 
 
 def test_as_gold_wraps_plain_answers_only() -> None:
