@@ -71,8 +71,9 @@ class NodeSettings(ConfigModel):
     submit_wait_s: float = Field(default=0.005, ge=0)
     """Tasks that finish within this long of each other submit their samples in one request
     (``/v1/submit/many``): tasks that generated in one engine batch end together, and one
-    request for all of them costs the node and the dataflow far less than one each. 0: one
-    request per task."""
+    request for all of them costs the node and the dataflow far less than one each. The
+    request goes sooner when every task the node runs is waiting to submit. 0: one request
+    per task."""
     watch_versions_s: float = Field(default=30.0, ge=0, le=600)
     """Hold a long-poll (``/v1/versions/watch``) of up to this long open to hear of each new
     version as it is announced, and pull it (eager refresh) while tasks still generate with
