@@ -77,7 +77,7 @@ from astraflow.weights.manifest import (
 )
 from astraflow.weights.merge import compose_chain, decode_entry
 from astraflow.weights.tensors import SafetensorsFile, bits, checksum, dtype_name
-from astraflow.weights.transfer import Source, TransferOptions, open_source
+from astraflow.weights.transfer import FsSource, Source, TransferOptions, open_source
 
 __all__ = ["PullStats", "WeightClient"]
 
@@ -220,6 +220,10 @@ class WeightClient:
             return PullStats(policy=policy, have=have, want=target_version, path="none", bytes=0,
                              candidates={}, files=0, resumes=0, seconds=0.0)  # fmt: skip
         kernels.warm()  # compiled in the background: this pull uses them if ready
+        if have is not None and target_version == have + 1 and self._local:
+            here = self._pull_next_here(policy, tensors, have, target_version, started)
+            if here is not None:
+                return here
         pool = ThreadPoolExecutor(_AHEAD_WORKERS, thread_name_prefix="weights-ahead")
         journal = Journal()
         ahead: _Ahead | None = None
@@ -237,7 +241,9 @@ class WeightClient:
                 local = self._download(plan, work, ahead)
                 early = ahead.early() if plan.path == "chain" and len(plan.deltas) == 1 else None
                 if early is not None:
-                    verified = self._commit_early(plan.deltas[0], early, tensors, ahead)
+                    verified = self._commit_early(
+                        plan.deltas[0], early, tensors, ahead.discard, ahead.check_base
+                    )
                 else:
                     ahead.discard()  # the read-ahead's changes undone, nothing reads the tensors
                     files = _on_disk(local)
@@ -264,6 +270,76 @@ class WeightClient:
         logger.info("pulled policy=%s have=%s want=%d path=%s bytes=%d seconds=%.3f",
                     policy, have, target_version, plan.path, plan.bytes, stats.seconds)  # fmt: skip
         return stats
+
+    def _pull_next_here(
+        self,
+        policy: str,
+        tensors: MutableMapping[str, torch.Tensor],
+        have: int,
+        want: int,
+        started: float,
+    ) -> PullStats | None:
+        """The next version's delta from a store on a local disk, in this thread: its
+        manifest, then the whole file (checked against the manifest), each tensor changed in
+        place (journaled) and checksummed, as the read-ahead does, with no thread started.
+
+        On a local disk there is no transfer to overlap the applying with, and the threads of
+        the read-ahead cost more CPU than the pull itself at small sizes (a quickstart
+        refresh: 1.6 MB). None when this pull needs the general path: the version is not a
+        delta on ``have``, or its file did not read or verify (fetched again there, retried,
+        and named when it fails).
+        """
+        target = self.manifest(policy, want)
+        if target.base != have or all(f.name != DELTA_FILE for f in target.files):
+            return None  # (a snapshot stores its delta on the version before too)
+        self._check_targets(target, tensors)
+        entry = target.file(DELTA_FILE)
+        what = f"policy {policy} version {want} file {DELTA_FILE}"
+        try:
+            data = self.source.read(f"{version_dir(policy, want)}/{DELTA_FILE}", what)
+        except (TransferError, NotFoundError) as exc:
+            logger.debug("delta v%d did not read here (%r): the general path", want, exc)
+            return None
+        if len(data) != entry.size or file_checksum(data) != entry.checksum:
+            logger.warning("delta does not verify source=%s version=%d: fetched again",
+                           self.source.url, want)  # fmt: skip
+            return None
+        early = _Early()
+        early.data, early.digest, early.verified = data, entry.checksum, True
+        in_place = not isinstance(tensors, SafetensorsFile)
+        view = memoryview(data)
+
+        def check_base(base: int) -> None:
+            self._verify_base(policy, base, tensors)
+
+        try:
+            for e in sorted(target.tensors, key=lambda e: e.offset):
+                job = early.prepare(
+                    e, view[e.offset : e.offset + e.length], tensors.get(e.name), in_place
+                )
+                if job is not None and not early.apply(*job):
+                    break  # off its checksum: _commit_early undoes and says why
+            verified = self._commit_early(target, early, tensors, early.journal.undo, check_base)
+            self._verify(target, tensors, skip=verified)
+        except BaseException:
+            undone = early.journal.undo()
+            if undone:
+                logger.info("pull failed policy=%s have=%s want=%d: %d changes undone",
+                            policy, have, want, undone)  # fmt: skip
+            raise
+        stats = PullStats(
+            policy=policy, have=have, want=want, path="chain", bytes=entry.size,
+            candidates={"chain": entry.size}, files=1, resumes=0,
+            seconds=time.perf_counter() - started,
+        )  # fmt: skip
+        logger.info("pulled policy=%s have=%s want=%d path=chain bytes=%d seconds=%.3f",
+                    policy, have, want, entry.size, stats.seconds)  # fmt: skip
+        return stats
+
+    @property
+    def _local(self) -> bool:
+        """The store is a directory on this machine (read directly, no transfer)."""
+        return isinstance(self.source, FsSource) and self.source.files.local
 
     def close(self) -> None:
         """Release connections."""
@@ -451,7 +527,8 @@ class WeightClient:
         manifest: WeightManifest,
         early: _Early,
         tensors: MutableMapping[str, torch.Tensor],
-        ahead: _Ahead,
+        discard: Callable[[], int],
+        check_base: Callable[[int], None],
     ) -> set[str]:
         """Finish the delta read ahead (its file verified): every tensor changed in place on
         the way must be at its published checksum; the tensors it did not change there (not
@@ -464,9 +541,9 @@ class WeightClient:
         for entry in manifest.tensors:
             digest = early.sums.get(entry.name)
             if digest is not None and digest != entry.checksum:
-                ahead.discard()
+                discard()
                 if self.verify_base and manifest.base is not None:
-                    ahead.check_base(manifest.base)  # raises: they were not at the base
+                    check_base(manifest.base)  # raises: they were not at the base
                 raise ChecksumError(
                     f"{self.source.url}: policy {manifest.policy}: tensor {entry.name!r} "
                     f"checksum differs: the delta of version {manifest.version} does not lead "
@@ -595,7 +672,7 @@ class _Early:
         self.verified = False
 
     def prepare(
-        self, entry: TensorEntry, blob: bytes, t: torch.Tensor | None, in_place: bool
+        self, entry: TensorEntry, blob: bytes | memoryview, t: torch.Tensor | None, in_place: bool
     ) -> tuple[TensorEntry, torch.Tensor, kernels.Prepared] | None:
         """Parse ``entry``'s ``blob`` for an in-place change of ``t`` (``apply`` does it); a
         tensor that cannot be changed in place (not on the CPU, on disk) gets its change

@@ -6,6 +6,7 @@ import functools
 import logging
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,38 @@ def _copy(state: State) -> State:
 def _publish_all(store: WeightStore, states: list[State], policy: str = "p") -> None:
     for version, state in enumerate(states):
         store.publish(policy, version, state).result(timeout=60)
+
+
+@pytest.fixture(params=["disk", "http"])
+def source(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Where a node pulls ``tmp_path`` from: the directory itself (the next version's delta
+    is read and applied in the calling thread) or a weight server over loopback (it is
+    streamed and applied as it arrives, by the read-ahead's threads)."""
+    if request.param == "disk":
+        yield str(tmp_path)
+        return
+    from astraflow.weights.server import serve_in_thread
+
+    with serve_in_thread(tmp_path) as url:
+        yield url
+
+
+def _pull(source: str, node: State, have: int, want: int, **options: Any) -> None:
+    with WeightClient(source, **options) as client:
+        client.pull("p", node, have=have, want=want)
+
+
+def _threads_started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the threads started from now on."""
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        started.append(self.name)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    return started
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -220,11 +253,12 @@ def test_pull_refuses_tensors_that_do_not_hold_have(tmp_path: Path) -> None:
     assert _same(node, before)
 
 
-def test_streamed_delta_whose_middle_tensor_misleads_is_undone(tmp_path: Path) -> None:
-    """The next version's delta is applied in place tensor by tensor as it streams in; a
-    tensor that does not end at its published checksum (its blob re-encoded to a different
-    change, the file's own checksum made to match) stops the pull, and every change, the one
-    verified before it included, is taken back: the tensors are bit for bit as before."""
+def test_streamed_delta_whose_middle_tensor_misleads_is_undone(tmp_path: Path, source: str) -> None:
+    """The next version's delta is applied in place tensor by tensor (as it streams in from
+    a server, or read whole from a disk); a tensor that does not end at its published
+    checksum (its blob re-encoded to a different change, the file's own checksum made to
+    match) stops the pull, and every change, the one verified before it included, is taken
+    back: the tensors are bit for bit as before."""
     states = _perturbed_chain(2)
     with WeightStore(tmp_path) as store:
         _publish_all(store, states)
@@ -252,7 +286,7 @@ def test_streamed_delta_whose_middle_tensor_misleads_is_undone(tmp_path: Path) -
     node = _copy(states[0])
     before = _copy(node)
     with pytest.raises(ChecksumError, match="'b.bias'.*from version 0; its changes were undone"):
-        WeightClient(tmp_path).pull("p", node, have=0, want=1)
+        _pull(source, node, 0, 1)
     assert _same(node, before)
 
 
@@ -275,6 +309,7 @@ def _crash_on_second_change(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @pytest.mark.parametrize(("have", "want"), [(1, 2), (0, 2)])
 def test_crash_mid_apply_leaves_the_tensors_at_have(
     tmp_path: Path,
+    source: str,
     have: int,
     want: int,
     monkeypatch: pytest.MonkeyPatch,
@@ -289,20 +324,21 @@ def test_crash_mid_apply_leaves_the_tensors_at_have(
     caplog.set_level(logging.INFO, logger="astraflow.weights.client")
     tried = _crash_on_second_change(monkeypatch)
     with pytest.raises(RuntimeError, match="crash while applying"):
-        WeightClient(tmp_path).pull("p", node, have=have, want=want)
+        _pull(source, node, have, want)
     assert len(tried) >= 2 and "1 changes undone" in caplog.text
     assert _same(node, states[have])
     monkeypatch.undo()
-    WeightClient(tmp_path).pull("p", node, have=have, want=want)
+    _pull(source, node, have, want)
     assert _same(node, states[want])
 
 
 def test_corrupt_delta_file_read_ahead_is_undone(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, source: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The next version's delta is applied as it streams in, before its file is verified: a
     file whose last tensor's bytes are corrupt fails its checksum, and the tensors changed
-    from its first bytes are restored bit for bit."""
+    from its first bytes are restored bit for bit. (Read whole from a disk, it is checked
+    before anything is applied, and fetched again by the general path, which refuses it.)"""
     states = _perturbed_chain(2)
     with WeightStore(tmp_path) as store:
         _publish_all(store, states)
@@ -315,9 +351,11 @@ def test_corrupt_delta_file_read_ahead_is_undone(
     node = _copy(states[0])
     caplog.set_level(logging.INFO, logger="astraflow.weights.client")
     with pytest.raises(ChecksumError, match="checksum mismatch"):
-        WeightClient(tmp_path, retries=0).pull("p", node, have=0, want=1)
+        _pull(source, node, 0, 1, retries=0)
     assert "changes undone" in caplog.text
     assert _same(node, states[0])
+    if source == str(tmp_path):
+        assert "delta does not verify" in caplog.text
 
 
 def test_load_copies_tensors_out_of_its_temporary_file(tmp_path: Path) -> None:
@@ -437,3 +475,37 @@ def test_a_refresh_from_memory_makes_no_scratch_dir_and_a_download_leaves_none(
     client.pull("p", node, have=None, want=2)  # a download: files in a scratch dir, removed
     assert _same(node, states[2]) and len(made) == 1 and Path(made[0]).parent == cache
     assert list(cache.iterdir()) == []
+
+
+def test_the_next_version_on_a_local_disk_is_pulled_in_the_calling_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node refreshing version by version from a store on its own disk starts no thread:
+    the delta is read whole, checked and applied in place here, a snapshot version included
+    (it carries its delta too), bit-exact; a pull of several versions, or over HTTP, still
+    goes through the read-ahead's threads."""
+    from astraflow.weights import kernels
+    from astraflow.weights.server import serve_in_thread
+
+    kernels.warm(wait=True)
+    states = _perturbed_chain(6)
+    with WeightStore(tmp_path, WeightStoreConfig(full_every=4, keep=100)) as store:
+        _publish_all(store, states)
+        assert store.manifest("p", 4).full
+    client = WeightClient(tmp_path)
+    node = _copy(states[1])
+    started = _threads_started(monkeypatch)
+    for want in range(2, 6):
+        stats = client.pull("p", node, have=want - 1, want=want)
+        assert _same(node, states[want]) and stats.path == "chain" and stats.files == 1
+        assert stats.bytes == client.manifest("p", want).size_of(DELTA_FILE)
+    assert started == []
+    node = _copy(states[1])
+    client.pull("p", node, have=1, want=5)
+    assert _same(node, states[5]) and started
+    started.clear()
+    node = _copy(states[4])
+    with serve_in_thread(tmp_path) as url:
+        started.clear()
+        _pull(url, node, 4, 5)
+    assert _same(node, states[5]) and any(name.startswith("weights-") for name in started)
