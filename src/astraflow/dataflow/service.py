@@ -154,23 +154,28 @@ class DataflowService:
     def _change(self) -> Iterator[None]:
         """One atomic change; on failure, roll back and reload memory from the store.
 
-        The regulator's rules run last, in the same transaction.
+        The regulator's rules run last, in the same transaction. A change inside another
+        (``submit_many``: a savepoint per submission) leaves them, and the plugins' state, to
+        the outer one: they run once, at its end; a failed inner change takes back its own
+        part only (memory reloaded from the store as the outer transaction sees it).
         """
         with self._lock:
-            regulator = self.regulator
-            key = regulator.lease_key()
+            key = self.regulator.lease_key()
+            nested = self.store.in_transaction
+            completed = False
             try:
                 with self.store.transaction():
                     yield
-                    completed = regulator.step(self.latest, self.clock())
-                    self.plugins.save(self.store)
+                    if not nested:
+                        completed = self.regulator.step(self.latest, self.clock())
+                        self.plugins.save(self.store)
             except BaseException:
                 self._reload()
                 raise
             if completed:  # a batch became servable for every policy: wake every long-poll
                 self._notify(set(self.config.policies))
             wake = self.on_round_change
-            if wake is not None and regulator.more_to_lease(key):
+            if wake is not None and self.regulator.more_to_lease(key):
                 wake()
 
     def _reload(self) -> None:
@@ -341,11 +346,12 @@ class DataflowService:
         """Several submissions, each handled as by :meth:`submit`, in order; a submission
         that fails gets its error body in its outcome and the others go on."""
         outcomes = []
-        for one in req.submits:
-            try:
-                outcomes.append(SubmitOutcome(reply=self.submit(one)))
-            except AstraflowError as exc:
-                outcomes.append(SubmitOutcome(error=exc.to_wire()["error"]))
+        with self._change():  # one transaction, a savepoint per submission
+            for one in req.submits:
+                try:
+                    outcomes.append(SubmitOutcome(reply=self.submit(one)))
+                except AstraflowError as exc:
+                    outcomes.append(SubmitOutcome(error=exc.to_wire()["error"]))
         return SubmitManyReply(outcomes=outcomes)
 
     def fail(self, req: FailRequest) -> FailReply:

@@ -132,6 +132,7 @@ class Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._depth = 0  # savepoints open inside the transaction
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         # Python's bundled SQLite zeroes freed pages by default, which doubles the write cost
@@ -174,7 +175,23 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """One atomic change: committed on exit, rolled back on an exception."""
+        """One atomic change: committed on exit, rolled back on an exception. Inside another
+        it is a savepoint: its exception takes back its own changes only, and what it kept
+        is committed with the outer transaction (or rolled back with it)."""
+        if self._db.in_transaction:
+            name = f"change{self._depth}"
+            self._depth += 1
+            self._db.execute(f"SAVEPOINT {name}")
+            try:
+                yield
+            except BaseException:
+                self._db.execute(f"ROLLBACK TO {name}")
+                self._db.execute(f"RELEASE {name}")
+                raise
+            finally:
+                self._depth -= 1
+            self._db.execute(f"RELEASE {name}")
+            return
         self._db.execute("BEGIN IMMEDIATE")
         try:
             yield
@@ -182,6 +199,11 @@ class Store:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
+
+    @property
+    def in_transaction(self) -> bool:
+        """A transaction is open (a change made now is part of it)."""
+        return self._db.in_transaction
 
     # ------------------------------------------------------------------ meta
 

@@ -582,3 +582,51 @@ def test_report_carries_recent_reward_and_served_staleness(tmp_path: Path, clock
     gauges = metrics_text(svc.report()).decode()  # the Prometheus gauges from the same snapshot
     assert 'astraflow_dataflow_policy_reward_mean{policy="solver"} 0.75' in gauges
     assert 'by_staleness{policy="solver",staleness="1"} 2.0' in gauges
+
+
+def test_submit_many_commits_once_and_a_failing_submission_takes_back_only_its_part(
+    tmp_path: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Submissions sent together are stored in one transaction (one commit, not one each);
+    one that fails inside its change (here the buffer refuses its group) gets its error in
+    its outcome, its part is taken back (its task still leased, nothing of it buffered or
+    recorded as done), and the ones before and after it are kept, also after a restart."""
+    from astraflow.dataflow.buffers import Buffers
+    from astraflow.records import SubmitManyRequest
+
+    svc = service(tmp_path, clock)
+    tasks = lease(svc, capacity=3)
+    reqs = [
+        SubmitRequest(node_id="n1", task_id=t.task_id, attempt=t.attempt,
+                      secret=ref_of(svc, "n1", t).secret, samples=make_group(t))
+        for t in tasks
+    ]  # fmt: skip
+    doomed = tasks[1].task_id
+    add = Buffers.add
+
+    def refusing(self: Buffers, policy: str, group: list[Any], *args: Any) -> Any:
+        if group[0].task_id == doomed:
+            raise ConflictError("the buffer refuses this group (test)")
+        return add(self, policy, group, *args)
+
+    monkeypatch.setattr(Buffers, "add", refusing)
+    statements: list[str] = []
+    svc.store._db.set_trace_callback(statements.append)
+    reply = svc.submit_many(SubmitManyRequest(submits=reqs))
+    svc.store._db.set_trace_callback(None)
+    assert [o.error is None for o in reply.outcomes] == [True, False, True]
+    assert reply.outcomes[1].error is not None and "refuses" in str(reply.outcomes[1].error)
+    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == [
+        "BEGIN IMMEDIATE",
+        "COMMIT",
+    ]
+    check_sizes(svc)
+    counts = svc.report().tasks
+    assert (counts.done, counts.leased) == (2, 1)
+    assert svc.report().policies["solver"].buffered_samples == 4
+    monkeypatch.undo()
+    svc.close()
+    svc = service(tmp_path, clock)  # what was committed, and nothing of the failed one
+    assert svc.report().tasks.done == 2
+    assert svc.submit(reqs[1]).accepted and svc.submit(reqs[0]).duplicate
+    assert svc.report().policies["solver"].buffered_samples == 6
