@@ -33,6 +33,12 @@ is left after the last byte is the last (smallest) tensor's change. The tensors 
 be read while a pull runs (nodes pull into a shadow copy or between requests); tensors of a
 ``SafetensorsFile`` (on disk, where a crash would leave a mix) are written only after the
 file verified.
+
+From a store on the node's own disk there is no transfer to overlap with: the next version's
+delta is read whole and checked first, then applied tensor by tensor in the calling thread,
+journaled and checksummed the same way (``_pull_next_here``); the read-ahead's threads cost
+more CPU than such a pull itself at small sizes. A file that does not read or verify there
+goes the general way (fetched again, retried, named when it fails).
 """
 
 from __future__ import annotations
