@@ -132,7 +132,6 @@ class Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._depth = 0  # savepoints open inside the transaction
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         # Python's bundled SQLite zeroes freed pages by default, which doubles the write cost
@@ -179,18 +178,16 @@ class Store:
         it is a savepoint: its exception takes back its own changes only, and what it kept
         is committed with the outer transaction (or rolled back with it)."""
         if self._db.in_transaction:
-            name = f"change{self._depth}"
-            self._depth += 1
-            self._db.execute(f"SAVEPOINT {name}")
+            # one name at every depth: ROLLBACK TO and RELEASE act on the newest savepoint
+            # of that name, which is this one
+            self._db.execute("SAVEPOINT change")
             try:
                 yield
             except BaseException:
-                self._db.execute(f"ROLLBACK TO {name}")
-                self._db.execute(f"RELEASE {name}")
+                self._db.execute("ROLLBACK TO change")
+                self._db.execute("RELEASE change")
                 raise
-            finally:
-                self._depth -= 1
-            self._db.execute(f"RELEASE {name}")
+            self._db.execute("RELEASE change")
             return
         self._db.execute("BEGIN IMMEDIATE")
         try:
