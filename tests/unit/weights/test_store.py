@@ -503,9 +503,8 @@ def test_the_next_version_on_a_local_disk_is_pulled_in_the_calling_thread(
     node = _copy(states[1])
     client.pull("p", node, have=1, want=5)
     assert _same(node, states[5]) and started
-    started.clear()
     node = _copy(states[4])
     with serve_in_thread(tmp_path) as url:
-        started.clear()
+        started.clear()  # (not the server's own threads)
         _pull(url, node, 4, 5)
     assert _same(node, states[5]) and any(name.startswith("weights-") for name in started)
