@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from astraflow.dataflow.client import DataflowClient
-from astraflow.errors import ConfigError
+from astraflow.errors import AstraflowError, ConfigError
 from astraflow.launch.status import RunStatus
 from fixtures.launch import (
     assert_quickstart_learned,
@@ -151,6 +152,39 @@ def test_a_component_the_cluster_cannot_place_fails_the_run_clearly(
     assert result.reason == "failed" and result.failed == ["trainer-policy"], result
     assert "trainer-policy failed" in caplog.text
     assert "not placed on the Ray cluster" in caplog.text and "'nowhere': 1" in caplog.text
+    assert not ray.is_initialized()
+
+
+@pytest.mark.timeout(90)
+def test_only_waiting_for_resources_counts_against_the_placement_timeout(tmp_path: Path) -> None:
+    """An actor the cluster has room for is placed at once; its worker process may then take
+    seconds to start on a loaded machine (CI failed a run so: the dataflow, asking for no
+    CPU, "not placed after 3s"). Only an ask the free resources cannot hold times out."""
+    from astraflow.launch.config import RaySection
+    from astraflow.launch.ray import RayComponent, ray_cluster
+
+    def component(name: str, **ask: Any) -> RayComponent:
+        return RayComponent(
+            name, "dataflow", "", {}, ask, tmp_path / f"{name}.log", str(tmp_path),
+            place_timeout_s=0.001,
+        )  # fmt: skip
+
+    with ray_cluster(RaySection(num_cpus=2)):
+        starting = component("starting", num_cpus=0, num_gpus=0)
+        unplaceable = component("unplaceable", num_cpus=1, num_gpus=0, resources={"nowhere": 1})
+        try:
+            starting.place()
+            unplaceable.place()
+            time.sleep(0.01)  # past the timeout; a worker process takes longer to start
+            assert not starting._placement_overdue()
+            assert unplaceable._placement_overdue()
+            host, port = starting.endpoint(0.001)  # waits for the process, not the timeout
+            assert host and port > 0
+            with pytest.raises(AstraflowError, match=r"unplaceable: not placed .*'nowhere': 1"):
+                unplaceable.endpoint(0.001)
+        finally:
+            starting.kill()
+            unplaceable.kill()
     assert not ray.is_initialized()
 
 

@@ -227,7 +227,9 @@ class RaySection(ConfigModel):
     """Ray runtime_env of the run's job (env_vars, working_dir, pip ...)."""
     place_timeout_s: float = Field(default=300.0, gt=0)
     """A dataflow, trainer, weight server or evaluator the cluster cannot place within this
-    long fails the run (a node waits for resources as long as it takes)."""
+    long fails the run (a node waits for resources as long as it takes). Only time while its
+    ask does not fit the cluster's free resources counts: an actor that fits is placed, and
+    its process may take a while to start on a loaded machine."""
 
     @model_validator(mode="after")
     def _known_kinds(self) -> RaySection:

@@ -171,7 +171,8 @@ class RayComponent:
     log_path: Path
     cwd: str
     place_timeout_s: float | None = None
-    """Fail when not placed within this long (None: wait for resources indefinitely)."""
+    """Fail when not placed within this long while the cluster's free resources cannot hold
+    it (None: wait for resources indefinitely)."""
     restart: bool = True
     max_restarts: int = 3
     restarts: int = 0
@@ -203,10 +204,14 @@ class RayComponent:
     def endpoint(self, timeout_s: float) -> tuple[str, int]:
         """Place the actor and return its machine's address and a free port there."""
         self.place()
-        try:
-            where = ray.get(self._where, timeout=timeout_s)
-        except GetTimeoutError as exc:
-            raise AstraflowError(f"{self.name}: {self._unplaced(timeout_s)}") from exc
+        while True:
+            try:
+                where = ray.get(self._where, timeout=1.0)
+                break
+            except GetTimeoutError as exc:
+                waited = time.monotonic() - self._since
+                if waited > timeout_s and not self._fits_free():
+                    raise AstraflowError(f"{self.name}: {self._unplaced(waited)}") from exc
         return str(where["ip"]), int(where["port"])
 
     def start(self) -> None:
@@ -246,12 +251,35 @@ class RayComponent:
                 return False  # the run call reports the death
             return False
         waited = time.monotonic() - self._since
-        if self.place_timeout_s is None:
+        if self.place_timeout_s is None or self._fits_free():
             if waited > 60 and not self._warned:
                 self._warned = True
-                log.warning("%s waits for resources: %s", self.name, self._unplaced(waited))
+                log.warning("%s is not running yet: %s", self.name, self._unplaced(waited))
             return False
         return waited > self.place_timeout_s
+
+    def _fits_free(self) -> bool:
+        """Whether the actor is placed, or the cluster's free resources hold its ask now.
+
+        Either way, an actor not yet answering is one whose worker process is still
+        starting (slow on a loaded machine), not one waiting for resources: the placement
+        timeout does not count against it. Ray's actor table (GCS) says whether a worker
+        process was given to the actor; where that private API is missing, the free
+        resources decide alone.
+        """
+        try:
+            from ray._private.state import actors as actor_table
+
+            entry = actor_table(self.actor._actor_id.hex())
+            if int(entry.get("Pid") or 0) > 0:
+                return True
+        except Exception:  # a Ray without that table: decide by the free resources
+            pass
+        free = ray.available_resources()
+        ask = dict(self.actor_options.get("resources") or {})
+        ask["CPU"] = float(self.actor_options.get("num_cpus") or 0)
+        ask["GPU"] = float(self.actor_options.get("num_gpus") or 0)
+        return all(float(free.get(key, 0.0)) >= amount for key, amount in ask.items() if amount)
 
     def _unplaced(self, waited: float) -> str:
         asked = {k: v for k, v in self.actor_options.items() if k != "runtime_env"}
