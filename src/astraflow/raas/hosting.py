@@ -3,7 +3,8 @@
 A policy with its own ``model`` starts from it (version 0) and switches to the weight
 store's versions once there are any. A policy without one is built from the store:
 assets (HF config + tokenizer) via ``fetch_assets``, then the latest version in full;
-until the trainer has published them, the node waits (and can still be stopped).
+until the trainer has published them, the node waits (and can still be stopped). A fresh
+trainer publishes the assets before its warm-up, so the engine is built while it warms up.
 
     fetch_assets ─► tokenizer ─► engine(config, context) ─► load(latest) ─► NodePolicy
 """
@@ -31,12 +32,18 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Seconds between looks at the weight store while a policy's weights are not there yet.
+#: Seconds between looks at the weight store while a policy's assets are not there yet.
 POLL_S = 2.0
+#: The same for its first weights once the assets are there: the trainer publishes the
+#: assets before its warm-up and version 0 after it, and the first batch waits for this look.
+WEIGHTS_POLL_S = 0.25
 
 
-async def _until_available(fn: Callable[[], T | None], what: str, stop: asyncio.Event) -> T | None:
-    """Call ``fn`` (in a thread) until it returns a value; None when stopped first."""
+async def _until_available(
+    fn: Callable[[], T | None], what: str, stop: asyncio.Event, every_s: float = POLL_S
+) -> T | None:
+    """Call ``fn`` (in a thread) every ``every_s`` until it returns a value; None when
+    stopped first."""
     warned = False
     while not stop.is_set():
         try:
@@ -52,7 +59,7 @@ async def _until_available(fn: Callable[[], T | None], what: str, stop: asyncio.
             log.warning("waiting for %s: %s", what, reason)
             warned = True
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), POLL_S)
+            await asyncio.wait_for(stop.wait(), every_s)
     return None
 
 
@@ -95,7 +102,7 @@ async def host_policy(
         latest = await asyncio.to_thread(weights.latest, name)
     else:
         latest = await _until_available(
-            lambda: weights.latest(name), f"weights of policy {name!r}", stop
+            lambda: weights.latest(name), f"weights of policy {name!r}", stop, WEIGHTS_POLL_S
         )
         if latest is None:
             await policy.close()

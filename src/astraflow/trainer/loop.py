@@ -29,10 +29,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from astraflow.config import dump_config
 from astraflow.errors import AstraflowError, ConflictError, NotFoundError, ValidationError
+from astraflow.models import torch_dtype
 from astraflow.plugins import PluginSpec
 from astraflow.records import (
     AckRequest,
@@ -84,6 +85,7 @@ class Trainer:
         self._rt: Runtime | None = None
         self._wait_s = 0.0
         self._unsaved = False  # updates published since the last checkpoint
+        self._assets_published = False  # by this process, before the warm-up
         self._prefetch = Prefetcher()
         self._publisher = Publisher()
         update = PluginSpec.coerce(config.update).type if config.update else None
@@ -105,11 +107,14 @@ class Trainer:
 
     def start(self) -> None:
         """Build or resume the state; on rank 0 reconcile with the store and the dataflow."""
-        rt = self._rt = build_runtime(self.config, self.backend)
+        rank0 = self.backend.rank == 0
+        if rank0 and (self.dataflow is None or self.store is None):
+            self.dataflow, self.store = connect(self.config)
+        rt = self._rt = build_runtime(
+            self.config, self.backend, on_fresh=self._publish_assets_early if rank0 else None
+        )
         floor, publish = -1, False
-        if self.backend.rank == 0:
-            if self.dataflow is None or self.store is None:
-                self.dataflow, self.store = connect(self.config)
+        if rank0:
             run_dir = Path(self.config.run_dir)
             dump_config(self.config, run_dir / "trainer_config.json")
             if self._sinks is None:
@@ -320,13 +325,26 @@ class Trainer:
             saved.set()
         return publish_s, previous
 
+    def _publish_assets_early(self, model: Any, tokenizer: Any) -> None:
+        """Rank 0, fresh weights: publish the assets (config, tokenizer) before the warm-up
+        when the store has no version of this policy yet, so that rollout nodes and
+        evaluators build their engines while the trainer warms up, not after version 0."""
+        assert self.store is not None
+        policy = self.config.policy
+        if self.store.latest(policy) is None:
+            dtype = torch_dtype(self.config.publish_dtype)
+            publish_assets(self.store, policy, model, tokenizer, dtype)
+            self._assets_published = True
+
     def _publish_initial(self, rt: Runtime, version: int) -> None:
-        """Publish assets and the initial weights as ``version``, announce, checkpoint."""
+        """Publish assets (unless done before the warm-up) and the initial weights as
+        ``version``, announce, checkpoint."""
         tensors = self.backend.full_state_dict(rt.model, rt.publish_dtype)  # all ranks
         if self.backend.rank == 0:
             assert self.store is not None
             policy = self.config.policy
-            publish_assets(self.store, policy, rt.model, rt.tokenizer, rt.publish_dtype)
+            if not self._assets_published:
+                publish_assets(self.store, policy, rt.model, rt.tokenizer, rt.publish_dtype)
             self.store.publish(policy, version, tensors).result()
             self._announce(version, threading.Event())
         del tensors

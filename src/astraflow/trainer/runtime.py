@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,14 +92,26 @@ def seed_everything(seed: int, rank: int) -> None:
     np.random.seed(seed + rank)
 
 
-def build_runtime(config: TrainerConfig, backend: TrainBackend) -> Runtime:
-    """Build the model and optimizer; warm up when fresh, else load the newest checkpoint."""
+def build_runtime(
+    config: TrainerConfig,
+    backend: TrainBackend,
+    *,
+    on_fresh: Callable[[nn.Module, Any], None] | None = None,
+) -> Runtime:
+    """Build the model and optimizer; warm up when fresh, else load the newest checkpoint.
+
+    ``on_fresh(model, tokenizer)`` runs once the model is built, before the warm-up, when no
+    checkpoint is found (the trainer publishes the policy's assets then, so rollout nodes
+    build their engines while it warms up).
+    """
     seed_everything(config.seed, backend.rank)
     tokenizer = build_tokenizer(config.model)
     model = build_model(config.model, tokenizer).float()
     max_length = getattr(model.config, "max_position_embeddings", None)
     model = backend.wrap(model)
     ckpt = latest_checkpoint(config.checkpoint_dir)
+    if ckpt is None and on_fresh is not None:
+        on_fresh(model, tokenizer)
     if ckpt is None and config.warmup is not None:
         w = config.warmup
         log.info("warmup start pairs=%s steps=%d", w.pairs, w.steps)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -27,8 +28,21 @@ def test_trainer_publishes_versions_a_reader_applies_bit_exactly(
     weight_root: Path,
     weight_server: str,
     tiny_tokenizer: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from astraflow.trainer import runtime
     from astraflow.weights import WeightClient
+
+    at_warmup: list[tuple[int | None, list[str]]] = []  # what a node finds as the warm-up starts
+    warmup = runtime.sft_warmup
+
+    def watched_warmup(*args: Any, **kwargs: Any) -> None:
+        with WeightClient(weight_server) as client:
+            files = client.fetch_assets("solver", tmp_path / "early-assets")
+            at_warmup.append((client.latest("solver"), sorted(p.name for p in files.iterdir())))
+        warmup(*args, **kwargs)
+
+    monkeypatch.setattr(runtime, "sft_warmup", watched_warmup)
 
     # a small buffer cap (backpressure) keeps the producer just ahead of the trainer
     policies = {"solver": {"vocab_size": 64, "max_staleness": 2, "max_buffered": 8}}
@@ -59,6 +73,9 @@ def test_trainer_publishes_versions_a_reader_applies_bit_exactly(
         trainer.close()
         producer.stop()
 
+    # the assets were out before the warm-up (nodes build their engines meanwhile); no version
+    assert len(at_warmup) == 1 and at_warmup[0][0] is None, at_warmup
+    assert "config.json" in at_warmup[0][1] and "tokenizer_config.json" in at_warmup[0][1]
     with DataflowClient(url) as dataflow:
         latest = dataflow.versions()["solver"]
         report = dataflow.report().policies["solver"]
