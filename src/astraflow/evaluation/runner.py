@@ -9,6 +9,12 @@
 A milestone is any new version, or with ``every_versions: N`` a version past the next multiple
 of N. On stop the newest version is evaluated once more if it was not yet, so a run's final
 figures are always recorded. ``evaluate_version`` scores one given version (a finished run).
+
+Start-up: until its first evaluation the evaluator looks every ``FIRST_POLL_S``, builds its
+model as soon as the policy's assets are out (a fresh trainer publishes them before its
+warm-up), and a fresh evaluator (no record of its policy yet) scores version 0 first when the
+store still holds it, so every curve starts where training started even when the evaluator
+was slower to start than the trainer.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ log = logging.getLogger(__name__)
 #: How many times in a row one check moves on to a newer version when the one it picked was
 #: collected before it could be pulled.
 _RACES = 5
+#: Seconds between looks at the store until the first evaluation.
+FIRST_POLL_S = 0.25
 
 
 class Evaluator:
@@ -65,15 +73,23 @@ class Evaluator:
         """Evaluate milestone versions until ``stop`` is set, then the newest once more."""
         while not stop.is_set():
             self.step()
-            stop.wait(self.config.every_s)
+            first = self.version == NO_VERSION
+            stop.wait(min(FIRST_POLL_S, self.config.every_s) if first else self.config.every_s)
         self.step(final=True)
 
     def step(self, *, final: bool = False) -> dict[str, Any] | None:
         """Evaluate the newest version if it is a milestone (any new one when ``final``);
         return its record."""
         latest = self.client.latest(self.config.policy)
-        if latest is None or latest <= self.version:
+        if latest is None:
+            self._build_early()
             return None
+        if latest <= self.version:
+            return None
+        if self.version == NO_VERSION and latest > 0 and not self._recorded():
+            first = self._first_version()
+            if first is not None:
+                return first
         every = self.config.every_versions
         if (
             not final
@@ -111,7 +127,7 @@ class Evaluator:
                 f"policy {policy!r} has no version {version} in {self.config.weights} "
                 f"(latest: {latest}): {exc}"
             ) from exc
-        self._load(version)
+        self._load(version, manifest.tensors[0].dtype)
         started = time.monotonic()
         handle = LocalPolicy(policy, self.model, self.tokenizer, version, self.config.seed)
         figures: dict[str, float] = {}
@@ -132,25 +148,59 @@ class Evaluator:
         log.info("eval policy=%s version=%d %s", policy, version, shown)
         return record
 
-    def _load(self, version: int) -> None:
-        if self.model is None:
-            self._build(version)
+    def _load(self, version: int, dtype: str) -> None:
+        if self.model is None or self.model.dtype != getattr(torch, dtype):
+            self._build(version)  # first, or built early from assets that named another dtype
         state = self.model.state_dict()
         behind = self.version == NO_VERSION or version < self.version
         have = None if behind else self.version  # an older version: from a full snapshot
         self.client.pull(self.config.policy, state, have, version)
         self.version = version
 
-    def _build(self, version: int) -> None:
+    def _recorded(self) -> bool:
+        """``out`` already holds a record of this policy (a restarted evaluator)."""
+        if not self.out.is_file():
+            return False
+        with self.out.open() as f:
+            return any(json.loads(line).get("policy") == self.config.policy
+                       for line in f if line.strip())  # fmt: skip
+
+    def _first_version(self) -> dict[str, Any] | None:
+        """Version 0's record, when the store still holds it (``keep_first``)."""
+        try:
+            self.client.manifest(self.config.policy, 0)
+        except NotFoundError:
+            return None
+        try:
+            return self.evaluate_version(0)
+        except NotFoundError:  # collected meanwhile: the newest instead
+            return None
+
+    def _build_early(self) -> None:
+        """Build the model from the assets before any version is out (NotFound: later)."""
+        if self.model is None:
+            try:
+                self._build(None)
+            except NotFoundError:
+                return
+
+    def _build(self, version: int | None) -> None:
+        """The model in the dtype of ``version``'s tensors, else the one the assets name."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         assets = self.client.fetch_assets(
             self.config.policy, Path(self.config.out).parent / f".assets-{self.config.policy}"
         )
-        self.tokenizer = AutoTokenizer.from_pretrained(assets)
-        self.tokenizer.padding_side = "left"
-        entry = self.client.manifest(self.config.policy, version).tensors[0]
-        dtype: torch.dtype = getattr(torch, entry.dtype)
-        self.model = AutoModelForCausalLM.from_config(
-            AutoConfig.from_pretrained(assets), dtype=dtype
-        ).eval()
+        config = AutoConfig.from_pretrained(assets)
+        dtype: Any = getattr(config, "dtype", None)
+        if version is not None or dtype is None:
+            found = self.client.latest(self.config.policy) if version is None else version
+            if found is None:
+                raise NotFoundError(f"policy {self.config.policy!r}: no version yet")
+            dtype = self.client.manifest(self.config.policy, found).tensors[0].dtype
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype.removeprefix("torch."))
+        tokenizer = AutoTokenizer.from_pretrained(assets)
+        tokenizer.padding_side = "left"
+        self.model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+        self.tokenizer = tokenizer

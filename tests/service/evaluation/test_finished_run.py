@@ -98,6 +98,36 @@ def test_evaluator_scores_milestones_and_the_final_version(
     assert [r["version"] for r in records(tmp_path / "eval.jsonl")] == [0, 2, 3]
 
 
+def test_a_fresh_evaluator_builds_from_assets_early_and_scores_version_0_first(
+    finished: Finished, tmp_path: Path
+) -> None:
+    """The trainer publishes assets before its warm-up: the evaluator builds its model then.
+    Started late (versions 0-3 out), a fresh one scores version 0 first, then the newest; a
+    restarted one (its policy already has records) goes to the newest at once."""
+    out = tmp_path / "eval.jsonl"
+    config = RunDir(finished.dir).eval_config(
+        "policy", [f"weights={tmp_path / 'w'}", f"out={out}", "sets=[]", "generator.size=10"]
+    )
+    with WeightStore(tmp_path / "w") as store:
+        evaluator = Evaluator(config)
+        assert evaluator.step() is None and evaluator.model is None  # nothing out yet
+        store.publish_assets("policy", WeightClient(finished.dir / "weights").fetch_assets(
+            "policy", tmp_path / "assets"))  # fmt: skip
+        assert evaluator.step() is None, "no version yet"
+        early = evaluator.model
+        assert early is not None and early.dtype == torch.float32  # from the assets alone
+        for version in range(4):
+            store.publish("policy", version, finished.tensors).result()
+        first, second = evaluator.step(), evaluator.step()
+        assert evaluator.model is early, "the early model is the one loaded"
+        restarted = Evaluator(config)
+        third = restarted.step()
+    assert first is not None and first["version"] == 0
+    assert second is not None and second["version"] == 3
+    assert third is not None and third["version"] == 3, "a restart does not go back to 0"
+    assert [r["version"] for r in records(out)] == [0, 3, 3]
+
+
 def test_export_round_trip_gives_identical_logits_and_tokens(
     finished: Finished, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
