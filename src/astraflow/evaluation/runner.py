@@ -166,14 +166,12 @@ class Evaluator:
                        for line in f if line.strip())  # fmt: skip
 
     def _first_version(self) -> dict[str, Any] | None:
-        """Version 0's record, when the store still holds it (``keep_first``)."""
-        try:
-            self.client.manifest(self.config.policy, 0)
-        except NotFoundError:
-            return None
+        """Version 0's record, when the store still holds it (``keep_first``; else None: the
+        newest instead). ``evaluate_version`` reads its manifest first and writes nothing
+        when it is missing."""
         try:
             return self.evaluate_version(0)
-        except NotFoundError:  # collected meanwhile: the newest instead
+        except NotFoundError:
             return None
 
     def _build_early(self) -> None:
