@@ -10,7 +10,7 @@ can crash the node.
         └──── slot freed ◄── runner per task (raas.runner) ◄───────┘
                                workflow ─► submit | fail
     heartbeat ── every ttl * 1/3 ──► dataflow.renew(leases, stats) ─► lost: cancel runner
-    refresh ── newer version announced ──► policy.refresh (engine: between batches)
+    refresh ── newer version announced ──► policy.refresh (engine: no generation sees it)
 
     stop (SIGTERM) ─► lease loop ends ─► runners finish within grace_s ─► release the rest
                   ─► heartbeat / refresh end ─► engines close ─► exit 0

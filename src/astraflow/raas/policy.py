@@ -2,8 +2,10 @@
 
 Workflows call ``generate`` (text, chat messages or token ids → ``Generation``s); the
 engine batches concurrent calls. The node calls ``refresh`` to move the weights to a newer
-version; the engine applies it between batches, so each ``Generation`` carries the one
-version that produced all its tokens. Until weights are loaded, ``generate`` waits.
+version; the engine applies it so that no generation sees it mid-way (between batches, or
+for the ``transformers`` engine between decode steps, with running rows finishing on the old
+weights), so each ``Generation`` carries the one version that produced all its tokens.
+Until weights are loaded, ``generate`` waits.
 
     workflow ─ generate(prompt, n) ─► encode ─► engine.generate ─► Generation(version, ...)
     node ───── refresh(want) ─────► engine.apply (delta, in place) | engine.load (full)

@@ -4,7 +4,10 @@ and weight updates from a real weight store that land between batches, never ins
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,6 +19,7 @@ from astraflow.raas.engines.base import (
     GenerationRequest,
     build_engine,
 )
+from astraflow.raas.engines.batching import Pending
 from astraflow.raas.engines.transformers import TransformersEngine
 from astraflow.weights import WeightClient
 from fixtures.models import tiny_spec
@@ -224,6 +228,98 @@ async def test_weight_updates_land_between_batches_only(
             ref = recompute_logprobs(models[out.version], prompt, out.token_ids.tolist(), 1.0)
             np.testing.assert_allclose(out.logprobs, ref, atol=2e-5)
     finally:
+        await engine.close()
+        client.close()
+
+
+async def test_a_refresh_mid_batch_starts_new_rows_on_new_weights_while_old_rows_finish(
+    tmp_path: Path, policy_store: PolicyStore
+) -> None:
+    """Double-buffered models: a refresh does not wait for the running batch's longest row.
+    A request that joins after the swap decodes on the new version (its own lane) and ends
+    while the row already decoding goes on, on the old version, to its end; each is exact
+    under the version it names. The next pull writes into the old model only once that row
+    has ended."""
+    client = WeightClient(policy_store.root)
+    context = EngineContext(
+        policy="policy", tokenizer=policy_store.tokenizer, work_dir=tmp_path,
+        model=policy_store.spec,
+    )  # fmt: skip
+    engine = build_engine({"type": "transformers", "device": "cpu", "batch_wait_ms": 0.0}, context)
+    policy_store.publish_perturbed(1, fraction=0.3)
+    policy_store.publish_perturbed(2, fraction=0.3, seed=2)
+    policy_store.publish_perturbed(3, fraction=0.3, seed=3)
+    order: list[str] = []
+    long = Pending(GenerationRequest((5, 14, 6, 17), max_new_tokens=120, min_new_tokens=120))
+    late = Pending(GenerationRequest((5, 14, 7, 17), max_new_tokens=4, min_new_tokens=4))
+    long.future.add_done_callback(lambda _: order.append("long"))
+    late.future.add_done_callback(lambda _: order.append("late"))
+    pulls: list[tuple[int | None, bool]] = []
+    go = threading.Event()
+
+    class Watched:
+        """The store, noting at each pull whether the long row had ended."""
+
+        def load(self, policy: str, version: int) -> dict[str, Any]:
+            return client.load(policy, version)
+
+        def pull(self, policy: str, tensors: Any, have: int | None, want: int | None = None) -> Any:
+            pulls.append((want, long.future.done()))
+            return client.pull(policy, tensors, have, want)
+
+    try:
+        old = engine.model  # version 0; its spare model is made mid-batch, by the refresh
+        calls = [0]
+        put = threading.Event()
+
+        def hook(module: Any, args: Any, kwargs: Any) -> None:  # the engine thread
+            calls[0] += 1
+            if not put.is_set():  # `late` goes in once the swap to version 1 ran or is next
+                if engine.version != 1 and calls[0] >= 80:  # hold the long row till then
+                    deadline = time.monotonic() + 60
+                    while engine.version != 1 and not (pulls and not engine._jobs.empty()):
+                        assert time.monotonic() < deadline, "the refresh never reached it"
+                        time.sleep(0.001)
+                if engine.version == 1 or calls[0] >= 80:
+                    engine._put(late)
+                    put.set()
+            elif late.future.done() and not go.is_set():
+                assert go.wait(60), "the test never let the old row go on"
+
+        handle = old.register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            engine._put(long)
+            while calls[0] < 2:  # the batch decodes: the refresh (its spare model too) lands
+                await asyncio.sleep(0.001)  # between two of its steps
+            await engine.apply(Watched(), "policy", 1)
+            await asyncio.wrap_future(late.future)
+            assert order == ["late"], "the new request waited for the running batch's end"
+            # the long row is held at its next step on the old model: the next refresh may
+            # not write into that model yet
+            refresh = asyncio.create_task(engine.apply(Watched(), "policy", 2))
+            await asyncio.sleep(0.3)
+            assert [w for w, _ in pulls] == [1] and not refresh.done()
+            go.set()
+            await refresh
+            outs = await asyncio.gather(asyncio.wrap_future(long.future),
+                                        asyncio.wrap_future(late.future))  # fmt: skip
+        finally:
+            handle.remove()
+        assert pulls == [(1, False), (2, True)]
+        assert order == ["late", "long"] and engine.metrics()["batches"] == 1
+        assert [o.version for o in outs] == [0, 1] and len(outs[0].token_ids) == 120
+        for job, out in zip((long, late), outs, strict=True):
+            assert_exact_logprobs(policy_store.model_at(out.version), job.request, out)
+        after = GenerationRequest((5, 14, 8, 17), max_new_tokens=8)
+        (out,) = await engine.generate([after])
+        assert out.version == 2
+        assert_exact_logprobs(policy_store.model_at(2), after, out)
+        await engine.apply(client, "policy", 3)  # into the spare made mid-batch (v1, then v2)
+        (out,) = await engine.generate([after])
+        assert out.version == 3
+        assert_exact_logprobs(policy_store.model_at(3), after, out)
+    finally:
+        go.set()
         await engine.close()
         client.close()
 

@@ -159,7 +159,9 @@ class Engine(Protocol):
         ...
 
     async def apply(self, source: WeightSource, policy: str, want: int) -> None:
-        """Update the weights in place from the held version to ``want`` (between batches)."""
+        """Move the weights from the held version to ``want``; no generation running or
+        starting may see a mix of the two (swap between batches, or keep the old weights for
+        the rows already decoding)."""
         ...
 
     def metrics(self) -> dict[str, float]:

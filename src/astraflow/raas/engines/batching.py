@@ -7,7 +7,9 @@ requests keep arriving less than that apart (to ``batch_max_wait_s`` at most): c
 requests reach the queue one by one (agents over HTTP, each call parsed and rendered in
 turn) still share one batch instead of splitting it at an arbitrary point. Weight changes
 (``call``) queue on the same thread, so they run *between* batches, never inside one, and
-every token of a batch comes from one weight version.
+every token of a batch comes from one weight version; a change marked ``overlap`` (one that
+leaves the running rows' weights alone, like the transformers engine's swap to its spare
+model) runs between two decode steps instead, without closing the batch to new requests.
 
     generate() ─┐                  ┌─► control jobs first (load / apply weights)
     generate() ─┼─► queue ─► thread ┤
@@ -54,6 +56,9 @@ class Pending:
 class _Control:
     fn: Callable[[], Any]
     future: Future[Any] = field(default_factory=Future)
+    overlap: bool = False
+    """May run between two decode steps of a running batch (it does not touch what the batch
+    decodes with, e.g. a swap to a second model); else it waits for the batch to end."""
 
 
 class _Stop:
@@ -208,9 +213,11 @@ class BatchingEngine(abc.ABC):
                     raise exc
         return [job.future.result() for job in jobs]
 
-    async def call(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the engine thread between batches; return its result."""
-        job = _Control(fn)
+    async def call(self, fn: Callable[[], T], *, overlap: bool = False) -> T:
+        """Run ``fn`` on the engine thread between batches; return its result. With
+        ``overlap``, between two decode steps of a running batch (joins stay open): for what
+        leaves the rows already decoding untouched."""
+        job = _Control(fn, overlap=overlap)
         self._put(job)
         result: T = await asyncio.wrap_future(job.future)
         return result
@@ -289,14 +296,17 @@ class BatchingEngine(abc.ABC):
     def _more(self, room: int) -> list[Pending]:
         """Engine thread, inside a batch: up to ``room`` requests queued since it started, to
         join it (continuous batching). None once a control or stop job is met: it waits in
-        the backlog and runs after the batch, before every request queued behind it."""
+        the backlog and runs after the batch, before every request queued behind it. A control
+        marked ``overlap`` runs here, between decode steps, and joins go on after it."""
         got: list[Pending] = []
         while len(got) < room and not self._joins_closed:
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            if not isinstance(job, Pending):
+            if isinstance(job, _Control) and job.overlap:
+                self._run_control(job)
+            elif not isinstance(job, Pending):
                 self._backlog.append(job)
                 self._joins_closed = True
             elif job.future.set_running_or_notify_cancel():  # else its caller gave up

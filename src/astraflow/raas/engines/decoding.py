@@ -80,6 +80,24 @@ class DecodedRow:
         return min(self.request.min_new_tokens, self.budget)
 
 
+@dataclass(eq=False)
+class _Lane:
+    """Rows decoding together on one model: their cache, mask, next positions, sampling
+    parameters, the logits to draw their next tokens from, and the next input."""
+
+    model: Any
+    live: list[DecodedRow]
+    cache: Any
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+    params: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    logits: torch.Tensor
+    step: torch.Tensor | None = None
+    fresh: bool = False
+    """Created this step from a prefill: its logits are ready, no forward pass yet."""
+    ended: bool = False
+
+
 def sample_next(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -158,6 +176,8 @@ class BatchDecoder:
         join: Callable[[int], list[DecodedRow]] | None = None,
         on_done: Callable[[DecodedRow], None] | None = None,
         on_step: Callable[[], None] | None = None,
+        current: Callable[[], Any] | None = None,
+        on_lane: Callable[[Any, bool], None] | None = None,
     ) -> None:
         """Decode every row to completion (fills ``token_ids``, ``logprobs``, ``finish_reason``).
 
@@ -171,51 +191,125 @@ class BatchDecoder:
         row keeps its own positions and mask). ``on_done`` is called with each row as soon as
         it finishes, so its caller need not wait for the longest row of the batch; ``on_step``
         after each step's rows were handed to ``on_done`` (the engine wakes their callers then).
+
+        Lanes: ``current`` names the model that rows starting now decode with (default:
+        ``self.model``). When it changes mid-batch (new weights swapped in), rows that join
+        after it start a new lane on the new model while the rows already decoding finish in
+        their own lane on the model they started with: each step runs one forward pass per
+        lane, and no row ever mixes two models. ``on_lane(model, True)`` is called when a lane
+        starts and ``on_lane(model, False)`` when its last row ends.
         """
-        live = list(rows)
-        cache, mask, positions, logits = self._prefill(live)
-        next_pos = positions[:, -1:] + 1
-        params = self._params(live)
-        joinable = join is not None and _appendable(cache)
+        now: Callable[[], Any] = current if current is not None else (lambda: self.model)
+        lanes = [self._lane(now(), list(rows), on_lane)]
+        joinable = join is not None and _appendable(lanes[0].cache)
         steps = 0
-        while live:
-            if abort is not None and abort():
-                for row in live:
-                    if row.finish_reason is None:
-                        row.finish_reason = "abort"
-                        _notify(on_done, row)
-                return
-            tokens, done = self._draw(live, logits, params, on_done)
-            if on_step is not None:
-                on_step()
-            if len(done) == len(live):
-                return
-            step = tokens[:, None]
-            if len(done) >= max(1, int(_COMPACT_FRACTION * len(live))):
-                keep = [i for i in range(len(live)) if i not in done]
-                index = torch.tensor(keep, device=self.device)
-                cache.batch_select_indices(index)
-                mask, next_pos, step = mask[index], next_pos[index], step[index]
-                live = [live[i] for i in keep]
-                params = self._params(live)
-            steps += 1
-            if joinable and steps % _JOIN_EVERY == 0:
-                assert join is not None
-                new = join(sum(r.finish_reason is None for r in live))
-                if new:
-                    mask, next_pos, step = self._join(new, cache, mask, next_pos, step, on_done)
-                    if on_step is not None:
-                        on_step()
-                    live += [r for r in new if r.finish_reason is None]
-                    params = self._params(live)
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
-            logits = self._forward(step, mask, next_pos, cache).logits
-            next_pos = next_pos + 1
+        try:
+            while lanes:
+                if abort is not None and abort():
+                    self._abort(lanes, on_done)
+                    return
+                for lane in lanes:
+                    lane.step = self._advance(lane, on_done)
+                if on_step is not None:
+                    on_step()
+                for lane in [lane for lane in lanes if lane.step is None]:
+                    lanes.remove(lane)
+                    self._end(lane, on_lane)
+                steps += 1
+                if joinable and steps % _JOIN_EVERY == 0:
+                    assert join is not None
+                    new = join(sum(r.finish_reason is None for lane in lanes for r in lane.live))
+                    if new:
+                        self._place(new, lanes, now(), on_done, on_lane)
+                        if on_step is not None:
+                            on_step()
+                for lane in lanes:
+                    self._step(lane)
+        finally:
+            for lane in lanes:
+                self._end(lane, on_lane)
+
+    def _place(
+        self,
+        new: list[DecodedRow],
+        lanes: list[_Lane],
+        model: Any,
+        on_done: Callable[[DecodedRow], None] | None,
+        on_lane: Callable[[Any, bool], None] | None,
+    ) -> None:
+        """Rows that join: into the newest lane when it decodes on ``model``, else (new
+        weights since it started) into a lane of their own."""
+        if lanes and lanes[-1].model is model:
+            self._join(new, lanes[-1], on_done)
+        else:
+            lanes.append(self._lane(model, new, on_lane, fresh=True))
+
+    def _step(self, lane: _Lane) -> None:
+        """One forward pass of the lane's rows (a lane made this step has its logits)."""
+        if lane.fresh:
+            lane.fresh = False
+            return
+        assert lane.step is not None
+        lane.mask = torch.cat([lane.mask, lane.mask.new_ones((lane.mask.shape[0], 1))], dim=1)
+        lane.logits = self._forward(
+            lane.model, lane.step, lane.mask, lane.next_pos, lane.cache
+        ).logits
+        lane.next_pos = lane.next_pos + 1
+
+    @staticmethod
+    def _abort(lanes: list[_Lane], on_done: Callable[[DecodedRow], None] | None) -> None:
+        for lane in lanes:
+            for row in lane.live:
+                if row.finish_reason is None:
+                    row.finish_reason = "abort"
+                    _notify(on_done, row)
+
+    def _lane(
+        self,
+        model: Any,
+        rows: list[DecodedRow],
+        on_lane: Callable[[Any, bool], None] | None,
+        *,
+        fresh: bool = False,
+    ) -> _Lane:
+        """Prefill ``rows`` on ``model``: a new lane whose logits are ready to draw from."""
+        cache, mask, positions, logits = self._prefill(model, rows)
+        lane = _Lane(model, rows, cache, mask, positions[:, -1:] + 1, self._params(rows), logits,
+                     fresh=fresh)  # fmt: skip
+        if on_lane is not None:
+            on_lane(model, True)
+        return lane
+
+    @staticmethod
+    def _end(lane: _Lane, on_lane: Callable[[Any, bool], None] | None) -> None:
+        if not lane.ended:
+            lane.ended = True
+            if on_lane is not None:
+                on_lane(lane.model, False)
+
+    def _advance(
+        self, lane: _Lane, on_done: Callable[[DecodedRow], None] | None
+    ) -> torch.Tensor | None:
+        """Draw each of the lane's rows a token; drop finished rows from it once enough have.
+        The next input (one token per row left), or None once every row has finished."""
+        tokens, done = self._draw(lane.live, lane.logits, lane.params, on_done)
+        if len(done) == len(lane.live):
+            lane.live = []
+            return None
+        step = tokens[:, None]
+        if len(done) >= max(1, int(_COMPACT_FRACTION * len(lane.live))):
+            keep = [i for i in range(len(lane.live)) if i not in done]
+            index = torch.tensor(keep, device=self.device)
+            lane.cache.batch_select_indices(index)
+            lane.mask, lane.next_pos, step = lane.mask[index], lane.next_pos[index], step[index]
+            lane.live = [lane.live[i] for i in keep]
+            lane.params = self._params(lane.live)
+        return step
 
     def _prefill(
-        self, rows: Sequence[DecodedRow]
+        self, model: Any, rows: Sequence[DecodedRow]
     ) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Seed the rows and run their left-padded prompts through the model: a new cache,
+        """Seed the rows and run their left-padded prompts through ``model``: a new cache,
         the attention mask, the positions and the logits of the last position.
 
         Rows with the same prompt (the ``n`` samples of a group) share one prefill: each
@@ -226,14 +320,16 @@ class BatchDecoder:
         for row in rows:
             if row.request.seed is not None:
                 row.generator = torch.Generator(device=self.device).manual_seed(row.request.seed)
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=model.config)
         distinct: dict[tuple[int, ...], int] = {}
         where = [distinct.setdefault(tuple(r.request.prompt_ids), len(distinct)) for r in rows]
         shared = len(distinct) < len(rows) and _appendable(cache)
         prompts = list(distinct) if shared else [r.request.prompt_ids for r in rows]
         ids, mask = self._left_pad(prompts)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits: torch.Tensor = self._forward(ids, mask, positions, cache, logits_to_keep=1).logits
+        logits: torch.Tensor = self._forward(
+            model, ids, mask, positions, cache, logits_to_keep=1
+        ).logits
         if shared:
             index = torch.tensor(where, device=self.device)
             cache.batch_select_indices(index)
@@ -259,43 +355,43 @@ class BatchDecoder:
         return tokens, self._record(rows, tokens.tolist(), logprobs.tolist(), on_done)
 
     def _join(
-        self,
-        new: list[DecodedRow],
-        cache: Any,
-        mask: torch.Tensor,
-        next_pos: torch.Tensor,
-        step: torch.Tensor,
-        on_done: Callable[[DecodedRow], None] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self, new: list[DecodedRow], lane: _Lane, on_done: Callable[[DecodedRow], None] | None
+    ) -> None:
         """Prefill ``new`` on its own cache, draw each row's first token, and append the rows
-        that go on to the running batch: its cache, mask, positions and next input."""
-        sub, new_mask, positions, logits = self._prefill(new)
+        that go on to ``lane``: its cache, mask, positions and next input."""
+        sub, new_mask, positions, logits = self._prefill(lane.model, new)
         tokens, done = self._draw(new, logits, self._params(new), on_done)
         keep = [i for i in range(len(new)) if i not in done]
         if not keep:
-            return mask, next_pos, step
+            return
+        assert lane.step is not None
         index = torch.tensor(keep, device=self.device)
         if len(keep) < len(new):
             sub.batch_select_indices(index)
         new_mask, positions, tokens = new_mask[index], positions[index], tokens[index]
-        length = max(mask.shape[1], new_mask.shape[1])
-        for layer, extra in zip(cache.layers, sub.layers, strict=True):
+        length = max(lane.mask.shape[1], new_mask.shape[1])
+        for layer, extra in zip(lane.cache.layers, sub.layers, strict=True):
             layer.keys = torch.cat([_pad_left(layer.keys, length), _pad_left(extra.keys, length)])
             layer.values = torch.cat(
                 [_pad_left(layer.values, length), _pad_left(extra.values, length)]
             )
-        mask = torch.cat([_pad_left(mask, length), _pad_left(new_mask, length)])
-        return (
-            mask,
-            torch.cat([next_pos, positions[:, -1:] + 1]),
-            torch.cat([step, tokens[:, None]]),
-        )
+        lane.mask = torch.cat([_pad_left(lane.mask, length), _pad_left(new_mask, length)])
+        lane.next_pos = torch.cat([lane.next_pos, positions[:, -1:] + 1])
+        lane.step = torch.cat([lane.step, tokens[:, None]])
+        lane.live += [new[i] for i in keep]
+        lane.params = self._params(lane.live)
 
+    @staticmethod
     def _forward(
-        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any, **kw: Any
+        model: Any,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: Any,
+        **kw: Any,
     ) -> Any:
-        """One forward pass over ``ids`` that extends the KV ``cache``."""
-        return self.model(
+        """One forward pass of ``model`` over ``ids`` that extends the KV ``cache``."""
+        return model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,

@@ -2,14 +2,18 @@
 
 Requests from every running workflow are batched on the engine thread
 (``engines.batching``) and decoded with a KV cache by ``engines.decoding``. Weights are
-double-buffered: ``apply`` pulls the new version from the weight store into a second copy of
-the state dict on a worker thread while the engine keeps generating with the live one, then
-swaps it in on the engine thread between batches (a copy into the live ``state_dict()``,
-whose tensors share storage with the parameters). A refresh costs the engine only the swap;
+double-buffered in two models: ``apply`` pulls the new version into the spare model on a
+worker thread while the engine keeps generating with the live one, then swaps the two
+between two decode steps. Rows already decoding finish on the model they started with (their
+own lane of the batch); rows that start after the swap decode on the new one. So a refresh
+neither stops generation nor waits for the running batch's longest row, and no generation
+mixes two versions. The next pull into the spare waits until the old lane's last row ended;
 a failed pull leaves the live weights untouched.
 
-    apply(want): worker thread: pull have→want into the shadow copy (verified first)
-                 engine thread, between batches: live ← shadow; version = want
+    apply(want): engine thread: a spare model (a copy of the live one, the first time)
+                 worker thread:  wait until no row decodes on the spare; copy the live weights
+                                 into it, then pull live version→want (a one-version delta)
+                 engine thread, between decode steps: live ⇄ spare; version = want
 
 The model is either the policy's own (``context.model``: built at construction, version
 0) or built from the weight store's assets at the first ``load`` in the published dtype.
@@ -18,7 +22,9 @@ The model is either the policy's own (``context.model``: built at construction, 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -94,11 +100,16 @@ class TransformersEngine(BatchingEngine):
         self._decoder: BatchDecoder | None = None
         self._state: dict[str, torch.Tensor] = {}
         self._version = NO_VERSION
-        self._shadow: dict[str, torch.Tensor] | None = None
-        """The second buffer: a copy of the state dict that pulls write into."""
-        self._shadow_version = NO_VERSION
+        self._spare: Any = None
+        """The second buffer: a second model that pulls write into, then swapped in."""
+        self._spare_state: dict[str, torch.Tensor] = {}
+        self._spare_version = NO_VERSION
+        self._lanes = threading.Condition()
+        self._decoding_on: dict[int, int] = {}
+        """id(model) -> lanes of the running batch decoding on it (engine thread writes)."""
         self.apply_phases: dict[str, float] = {}
-        """Seconds of the last ``apply``'s steps (clone_s, pull_s, swap_s), for the node's log."""
+        """Seconds of the last ``apply``'s steps (clone_s, wait_s: for the spare's last rows,
+        pull_s, swap_s), for the node's log."""
         if context.model is not None:
             from astraflow.models import build_model
 
@@ -127,21 +138,23 @@ class TransformersEngine(BatchingEngine):
         await self.call(lambda: self._load(tensors, version))
 
     async def apply(self, source: WeightSource, policy: str, want: int) -> None:
-        """Pull ``want`` into the shadow weights while generating, then swap between batches.
+        """Pull ``want`` into the spare model while generating, then swap it in between two
+        decode steps (rows already decoding finish on the old model).
 
         Callers serialise weight changes (``NodePolicy`` holds a lock around them).
         """
         started = time.perf_counter()
-        if self._shadow is None or self._shadow_version != self._version:
-            await self.call(self._clone_shadow)
+        if self._spare is None:  # set on the engine thread; weight changes are serialised
+            await self.call(self._prepare_spare, overlap=True)
         cloned = time.perf_counter()
-        await asyncio.to_thread(self._pull_shadow, source, policy, want)
+        waited = await asyncio.to_thread(self._pull_spare, source, policy, want)
         pulled = time.perf_counter()
-        await self.call(lambda: self._swap(want))
+        await self.call(lambda: self._swap(want), overlap=True)
         self.apply_phases = {
             "clone_s": cloned - started,
-            "pull_s": pulled - cloned,
-            "swap_s": time.perf_counter() - pulled,  # mostly the wait for the batch running
+            "wait_s": waited,
+            "pull_s": pulled - cloned - waited,
+            "swap_s": time.perf_counter() - pulled,
         }
 
     # ----------------------------------------------------------------- engine thread
@@ -158,6 +171,7 @@ class TransformersEngine(BatchingEngine):
         pad = tok.pad_token_id if tok.pad_token_id is not None else min(eos, default=0)
         self._model = model
         self._state = model.state_dict()
+        self._spare, self._spare_state, self._spare_version = None, {}, NO_VERSION
         self._decoder = BatchDecoder(
             model, tok, eos_ids=sorted(eos), pad_id=pad, device=self.device, seed=self.context.seed
         )
@@ -182,7 +196,7 @@ class TransformersEngine(BatchingEngine):
         elif next(self._model.parameters()).dtype != dtype:
             self._install(self._model.to(dtype))
         self._version = NO_VERSION
-        self._shadow, self._shadow_version = None, NO_VERSION
+        self._spare, self._spare_state, self._spare_version = None, {}, NO_VERSION
         missing, unexpected = self._model.load_state_dict(dict(tensors), strict=False)
         if unexpected:
             raise ValidationError(
@@ -200,42 +214,70 @@ class TransformersEngine(BatchingEngine):
         self._version = version
         log.info("loaded weights policy=%s version=%d", self.context.policy, version)
 
-    def _clone_shadow(self) -> None:
-        """Engine thread: the shadow becomes a copy of the live weights (tied tensors stay
-        tied: one copy per storage)."""
+    def _prepare_spare(self) -> None:
+        """Engine thread (between decode steps: it only reads the live model): a spare model,
+        a copy of the live one, where there is none (tied tensors stay tied)."""
         if self._model is None:
             raise ServiceUnavailableError(
                 f"policy {self.context.policy!r}: no model to update; load first"
             )
-        copies: dict[int, torch.Tensor] = {}
-        shadow = {}
-        for name, tensor in self._state.items():
-            ptr = tensor.data_ptr()
-            if ptr not in copies:
-                copies[ptr] = tensor.detach().clone()
-            shadow[name] = copies[ptr]
-        self._shadow, self._shadow_version = shadow, self._version
+        if self._spare is None:
+            with torch.inference_mode(False):  # mid-batch it runs inside the decoder's
+                # inference mode, whose tensors could not be pulled into in place afterwards
+                self._spare = copy.deepcopy(self._model)
+            self._spare_state = self._spare.state_dict()
+            self._spare_version = self._version
 
-    def _pull_shadow(self, source: WeightSource, policy: str, want: int) -> None:
-        """Worker thread: move the shadow to ``want``; the live weights are not touched."""
-        assert self._shadow is not None
-        have = self._shadow_version if self._shadow_version >= 0 else None
+    def _on_lane(self, model: Any, started: bool) -> None:
+        """Engine thread: a lane of the running batch started or ended on ``model``."""
+        with self._lanes:
+            key = id(model)
+            count = self._decoding_on.get(key, 0) + (1 if started else -1)
+            if count > 0:
+                self._decoding_on[key] = count
+            else:
+                self._decoding_on.pop(key, None)
+                self._lanes.notify_all()
+
+    def _pull_spare(self, source: WeightSource, policy: str, want: int) -> float:
+        """Worker thread: once no row decodes on the spare any more, move it to ``want``; the
+        live model is not touched. The seconds it waited for those rows."""
+        spare = self._spare
+        assert spare is not None
+        started = time.perf_counter()
+        with self._lanes:
+            while self._decoding_on.get(id(spare), 0) and not self._closed.is_set():
+                self._lanes.wait(0.5)
+        if self._closed.is_set():
+            raise ServiceUnavailableError(f"the engine of policy {policy!r} was closed")
+        waited = time.perf_counter() - started
         try:
-            source.pull(policy, self._shadow, have, want)
+            if self._spare_version != self._version:  # it holds the version before the live
+                # one: catch up with a copy of the live weights (only read meanwhile; weight
+                # changes are serialised), then pull one version on top, as the live one would
+                with torch.no_grad():
+                    for name, tensor in self._spare_state.items():
+                        tensor.copy_(self._state[name])
+                self._spare_version = self._version
+            have = self._spare_version if self._spare_version >= 0 else None
+            source.pull(policy, self._spare_state, have, want)
         except (TransferError, ChecksumError, ValidationError):
-            raise  # the pull verifies everything before its first write: shadow unchanged
-        except Exception:
-            self._shadow, self._shadow_version = None, NO_VERSION  # maybe half-written
+            raise  # the pull verifies everything before its first write: spare unchanged
+        except Exception:  # maybe half-written: the next refresh starts from a fresh copy
+            self._spare, self._spare_state, self._spare_version = None, {}, NO_VERSION
             raise
-        self._shadow_version = want
+        self._spare_version = want
+        return waited
 
     def _swap(self, want: int) -> None:
-        """Engine thread, between batches: the live weights become the shadow's."""
-        assert self._shadow is not None and self._shadow_version == want
-        with torch.no_grad():
-            for name, tensor in self._shadow.items():
-                self._state[name].copy_(tensor)
-        self._version = want
+        """Engine thread, between decode steps: the spare becomes the live model (rows that
+        start from now on decode on it) and the live one the spare."""
+        assert self._spare is not None and self._spare_version == want
+        self._model, self._spare = self._spare, self._model
+        self._state, self._spare_state = self._spare_state, self._state
+        self._version, self._spare_version = want, self._version
+        assert self._decoder is not None
+        self._decoder.model = self._model
 
     def _run_batch(self, batch: list[Pending]) -> None:
         if self._decoder is None or self._version < 0:
@@ -247,11 +289,10 @@ class TransformersEngine(BatchingEngine):
         admitted = self._admit(batch, vocab, context_len)
         if not admitted:
             return
-        version = self._version
-        owner: dict[int, Pending] = {}
+        owner: dict[int, tuple[Pending, int]] = {}
 
         def finished(row: DecodedRow) -> None:  # resolved at once, not at the batch's end
-            job = owner.pop(id(row))
+            job, version = owner.pop(id(row))
             job.future.set_result(
                 EngineOutput(
                     token_ids=np.asarray(row.token_ids, dtype=np.int32),
@@ -263,15 +304,15 @@ class TransformersEngine(BatchingEngine):
             )
 
         def rows_of(jobs: list[tuple[Pending, int]]) -> list[DecodedRow]:
-            rows = []
+            rows = []  # they decode on the live model (``current``), of this version
             for job, budget in jobs:
                 row = DecodedRow(job.request, budget)
-                owner[id(row)] = job
+                owner[id(row)] = (job, self._version)
                 rows.append(row)
             return rows
 
         def join(decoding: int) -> list[DecodedRow]:
-            jobs = self._more(self._max_batch - decoding)
+            jobs = self._more(self._max_batch - decoding)  # may swap the weights first
             batch.extend(jobs)  # the batch's end answers what its rows did not
             return rows_of(self._admit(jobs, vocab, context_len))
 
@@ -282,4 +323,6 @@ class TransformersEngine(BatchingEngine):
             join=joined,
             on_done=finished,
             on_step=self._release_wakes,
+            current=lambda: self._model,
+            on_lane=self._on_lane,
         )
