@@ -47,7 +47,7 @@ from astraflow.records import (
 from astraflow.trainer.backends.base import TrainBackend, build_backend
 from astraflow.trainer.config import TrainerConfig
 from astraflow.trainer.io import BatchSource, WeightSink, connect, publish_assets, retrying
-from astraflow.trainer.metrics import MetricsSink, build_sinks
+from astraflow.trainer.metrics import MetricsSink, build_sinks, drop_unpublished_metrics
 from astraflow.trainer.pipeline import Prefetcher, Publisher, PublishTimes
 from astraflow.trainer.runtime import Runtime, build_runtime
 from astraflow.trainer.updates import check_stats
@@ -117,11 +117,12 @@ class Trainer:
         if rank0:
             run_dir = Path(self.config.run_dir)
             dump_config(self.config, run_dir / "trainer_config.json")
+            floor, publish = self._reconcile(rt)
             if self._sinks is None:
+                drop_unpublished_metrics(run_dir / "metrics.jsonl", floor)
                 self._sinks = build_sinks(
                     run_dir, self.config.metrics, self.config.model_dump(mode="json")
                 )
-            floor, publish = self._reconcile(rt)
         shared = self.backend.broadcast_bytes(json.dumps([floor, publish]).encode())
         floor, publish = json.loads(shared)
         if publish:  # a first start: the initial weights become version `floor` (0)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 from astraflow.trainer.config import MetricsConfig
 
-__all__ = ["JsonlSink", "MetricsSink", "build_sinks"]
+__all__ = ["JsonlSink", "MetricsSink", "build_sinks", "drop_unpublished_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,38 @@ class _WandbSink:
 
     def close(self) -> None:
         self._run.finish()
+
+
+def drop_unpublished_metrics(path: Path, floor: int) -> int:
+    """Drop the lines of ``path`` (``metrics.jsonl``) whose version is above ``floor``, the
+    newest version the store or the dataflow knows, and any torn line; return how many.
+
+    A step's line is written while its version is still being published in the background,
+    so a crash can leave the line of a version that was never published. The restarted
+    trainer trains that version number again: without this, its line would repeat.
+    """
+    if not path.exists():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+
+    def kept(line: str) -> bool:
+        try:
+            return int(json.loads(line)["version"]) <= floor
+        except (ValueError, KeyError, TypeError):  # torn by the crash, or not a step's line
+            return False
+
+    keep = [line for line in lines if line.strip() and kept(line)]
+    dropped = sum(1 for line in lines if line.strip()) - len(keep)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(x if x.endswith("\n") else x + "\n" for x in keep),
+                       encoding="utf-8")  # fmt: skip
+        os.replace(tmp, path)
+        log.warning(
+            "dropped %d line(s) of %s: versions above %d were never published (a crash)",
+            dropped, path, floor,
+        )  # fmt: skip
+    return dropped
 
 
 def build_sinks(
