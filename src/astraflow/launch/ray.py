@@ -210,7 +210,7 @@ class RayComponent:
                 break
             except GetTimeoutError as exc:
                 waited = time.monotonic() - self._since
-                if waited > timeout_s and not self._fits_free():
+                if waited > timeout_s and not self._placed_or_fits():
                     raise AstraflowError(f"{self.name}: {self._unplaced(waited)}") from exc
         return str(where["ip"]), int(where["port"])
 
@@ -251,14 +251,14 @@ class RayComponent:
                 return False  # the run call reports the death
             return False
         waited = time.monotonic() - self._since
-        if self.place_timeout_s is None or self._fits_free():
+        if self.place_timeout_s is None or self._placed_or_fits():
             if waited > 60 and not self._warned:
                 self._warned = True
                 log.warning("%s is not running yet: %s", self.name, self._unplaced(waited))
             return False
         return waited > self.place_timeout_s
 
-    def _fits_free(self) -> bool:
+    def _placed_or_fits(self) -> bool:
         """Whether the actor is placed, or the cluster's free resources hold its ask now.
 
         Either way, an actor not yet answering is one whose worker process is still

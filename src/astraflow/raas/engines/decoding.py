@@ -176,7 +176,6 @@ class BatchDecoder:
         join: Callable[[int], list[DecodedRow]] | None = None,
         on_done: Callable[[DecodedRow], None] | None = None,
         on_step: Callable[[], None] | None = None,
-        current: Callable[[], Any] | None = None,
         on_lane: Callable[[Any, bool], None] | None = None,
     ) -> None:
         """Decode every row to completion (fills ``token_ids``, ``logprobs``, ``finish_reason``).
@@ -192,15 +191,14 @@ class BatchDecoder:
         it finishes, so its caller need not wait for the longest row of the batch; ``on_step``
         after each step's rows were handed to ``on_done`` (the engine wakes their callers then).
 
-        Lanes: ``current`` names the model that rows starting now decode with (default:
-        ``self.model``). When it changes mid-batch (new weights swapped in), rows that join
-        after it start a new lane on the new model while the rows already decoding finish in
-        their own lane on the model they started with: each step runs one forward pass per
-        lane, and no row ever mixes two models. ``on_lane(model, True)`` is called when a lane
+        Lanes: rows starting now decode with ``self.model``. When the caller replaces it
+        mid-batch (new weights swapped in, e.g. from ``join``), rows that join after that
+        start a new lane on the new model while the rows already decoding finish in their own
+        lane on the model they started with: each step runs one forward pass per lane, and no
+        row ever mixes two models. ``on_lane(model, True)`` is called when a lane
         starts and ``on_lane(model, False)`` when its last row ends.
         """
-        now: Callable[[], Any] = current if current is not None else (lambda: self.model)
-        lanes = [self._lane(now(), list(rows), on_lane)]
+        lanes = [self._lane(self.model, list(rows), on_lane)]
         joinable = join is not None and _appendable(lanes[0].cache)
         steps = 0
         try:
@@ -220,7 +218,7 @@ class BatchDecoder:
                     assert join is not None
                     new = join(sum(r.finish_reason is None for lane in lanes for r in lane.live))
                     if new:
-                        self._place(new, lanes, now(), on_done, on_lane)
+                        self._place(new, lanes, self.model, on_done, on_lane)
                         if on_step is not None:
                             on_step()
                 for lane in lanes:

@@ -304,7 +304,7 @@ class TransformersEngine(BatchingEngine):
             )
 
         def rows_of(jobs: list[tuple[Pending, int]]) -> list[DecodedRow]:
-            rows = []  # they decode on the live model (``current``), of this version
+            rows = []  # they decode on the live model (the decoder's), of this version
             for job, budget in jobs:
                 row = DecodedRow(job.request, budget)
                 owner[id(row)] = (job, self._version)
@@ -323,6 +323,5 @@ class TransformersEngine(BatchingEngine):
             join=joined,
             on_done=finished,
             on_step=self._release_wakes,
-            current=lambda: self._model,
             on_lane=self._on_lane,
         )
