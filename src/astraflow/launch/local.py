@@ -384,15 +384,22 @@ class Launcher:
 
     def shutdown(self) -> None:
         """Stop components in order: nodes and trainers together, then evaluators (they score
-        the trainers' final version on their way out), relays, weight server, dataflow."""
+        the trainers' final version on their way out), relays, weight server, dataflow.
+
+        Where every trainer has already exited (a finished run), the evaluators' final version
+        is published: they stop together with the nodes instead of after them."""
         self.pools.closing = True
+        evals = self.group.of_kind("eval")
+        finished = self._trainers_done()
         # nodes hand their leases back while trainers finish their step and checkpoint; both
         # need only the dataflow and the weights, so neither waits for the other
         self.group.stop_together([
             (self.group.of_kind("node"), node_stop_timeout(self.config)),
             (self.group.of_kind("trainer"), 60),
+            *([(evals, 60)] if finished else []),
         ])  # fmt: skip
-        self.group.stop(self.group.of_kind("eval"), timeout_s=60)
+        if not finished:
+            self.group.stop(evals, timeout_s=60)
         self.group.stop(self.group.of_kind("relay"), timeout_s=10)
         self.group.stop(self.group.of_kind("weights"), timeout_s=10)
         self.group.stop(self.group.of_kind("dataflow"), timeout_s=15)

@@ -13,6 +13,8 @@ can crash the node.
     refresh ── newer version announced ──► policy.refresh (engine: no generation sees it)
 
     stop (SIGTERM) ─► lease loop ends ─► runners finish within grace_s ─► release the rest
+                  (no grace where every hosted policy is final: the dataflow would drop
+                  what the runners still make)
                   ─► heartbeat / refresh end ─► engines close ─► exit 0
 
 A crash needs no clean-up: the node's leases expire and the dataflow re-queues the tasks.
@@ -97,6 +99,8 @@ class RolloutNode:
         self.meter = NodeMeter(config.stats_window_s, config.hardware or detect_hardware())
         self._running: dict[tuple[str, int], _Running] = {}
         self._latest: dict[str, int] = {}
+        #: trained policies whose newest announced version is final (their trainer finished)
+        self._final: set[str] = set()
         self._must_refresh: set[str] = set()
         self._stop = asyncio.Event()
         self._versions_changed = asyncio.Event()
@@ -374,7 +378,13 @@ class RolloutNode:
     def _note_versions(self, versions: dict[str, PolicyVersion]) -> None:
         changed = False
         for name, announced in versions.items():
-            if name in self.policies and announced.version > self._latest.get(name, -1):
+            if name not in self.policies or announced.version < self._latest.get(name, -1):
+                continue
+            if announced.final:  # a later version (a resumed trainer) makes it live again
+                self._final.add(name)
+            else:
+                self._final.discard(name)
+            if announced.version > self._latest.get(name, -1):
                 self._latest[name] = announced.version
                 changed = True
         if changed:
@@ -474,7 +484,12 @@ class RolloutNode:
     async def _drain(self) -> None:
         """Let running tasks finish within the grace period; hand back the rest."""
         runners = [r.runner for r in self._running.values()]
-        if runners:
+        done = [name for name, p in self.policies.items() if not p.frozen and name in self._final]
+        if runners and done and all(p.frozen or name in done for name, p in self.policies.items()):
+            # the run is over for this node: what its tasks still make would be dropped
+            log.info("stopping: %d tasks running, handed back now (the trainers of %s have "
+                     "finished)", len(runners), ", ".join(sorted(done)))  # fmt: skip
+        elif runners:
             log.info("stopping: %d tasks running, grace %.1fs", len(runners), self.config.grace_s)
             await asyncio.wait(runners, timeout=self.config.grace_s)
         left = list(self._running.values())

@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
-from astraflow.records import AckRequest, LeaseRequest, Sample, TakeBatchRequest
+from astraflow.records import (
+    AckRequest,
+    LeaseRequest,
+    PolicyVersion,
+    Sample,
+    TakeBatchRequest,
+)
 from fixtures.raas import (
     SLEEPY,
     DataflowHarness,
@@ -103,6 +109,44 @@ def test_sigterm_hands_leases_back_and_exits_zero(
         assert all(t.attempt == 1 for t in reply.tasks), "handed back, not expired (ttl 60 s)"
         log = (tmp_path / "node-t.log").read_text()
         assert "released leases=3" in log
+    finally:
+        _stop(node)
+        client.close()
+        harness.stop()
+
+
+def test_once_every_trainer_is_final_sigterm_skips_the_grace_period(
+    tmp_path: Path, store: PolicyStore, weight_server: str
+) -> None:
+    # the end of a run: the trainer announced its final version, so whatever the node's tasks
+    # still make would be dropped. A stop hands them back at once instead of waiting out a
+    # grace period of 120 s (with tasks that sleep 300 s)
+    tasks = write_tasks(tmp_path / "tasks.jsonl", ["1+1=", "2+2=", "1+2="], sleep_s=300.0)
+    harness = DataflowHarness(
+        dataflow_config(tmp_path / "df", tasks, ttl_s=300.0, workflow=SLEEPY, group_size=1)
+    )
+    client = harness.client()
+    node = _start_node(tmp_path, "node-f", harness.url, weight_server, capacity=4, grace_s=120.0)
+    log = tmp_path / "node-f.log"
+    try:
+        _wait(
+            "the node to hold all three tasks",
+            lambda: getattr(client.report().nodes.get("node-f"), "leased", 0) == 3,
+            90,
+            [node],
+        )
+        store.publish_perturbed(1, fraction=0.2)
+        ref = store.store.manifest_ref("policy", 1)
+        client.announce(PolicyVersion(policy="policy", version=1, manifest=ref, final=True))
+        _wait("the node to refresh to the final version", lambda: "to=1" in log.read_text(),
+              60, [node])  # fmt: skip
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(60) == 0, "it waited for its tasks although the trainer is done"
+        text = log.read_text()
+        assert "handed back now (the trainers of policy have finished)" in text
+        assert "released leases=3 requeued=3" in text
+        reply = client.lease(LeaseRequest(node_id="other", capacity=8, workflows=[SLEEPY]))
+        assert len({t.task_id for t in reply.tasks}) == 3, "nothing is lost: all re-queued"
     finally:
         _stop(node)
         client.close()
