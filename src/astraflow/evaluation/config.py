@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import Field, model_validator
 
 from astraflow.config import ConfigModel
+from astraflow.models import ComputeDType
 from astraflow.plugins import GENERATOR_SPEC, WORKFLOW_SPEC, PluginSpec
 from astraflow.records import Name
 
@@ -55,6 +56,9 @@ class EvalSettings(ScoringSettings):
     temperature: float = Field(default=0.0, ge=0.0)
     """Sampling temperature of the ``greedy`` pass of ``env`` episodes (0: greedy);
     single-turn workflows decode greedily."""
+    dtype: ComputeDType = "auto"
+    """Dtype the model computes in ('auto': float32 for weights published in bfloat16 or
+    float16, as the evaluator runs on the CPU; 'published'; or a dtype by name)."""
 
 
 class HeldOutSet(ScoringSettings):

@@ -32,9 +32,11 @@ from astraflow.errors import NotFoundError
 from astraflow.evaluation.config import EvalConfig
 from astraflow.evaluation.episodes import LocalPolicy
 from astraflow.evaluation.heldout import Decoding, HeldOut
+from astraflow.models import compute_dtype
 from astraflow.records import NO_VERSION
 from astraflow.weights import WeightClient
 from astraflow.weights.access import client_token
+from astraflow.weights.tensors import torch_dtype
 from astraflow.weights.transfer import TransferOptions
 
 __all__ = ["Evaluator"]
@@ -66,6 +68,8 @@ class Evaluator:
         self.version = NO_VERSION
         self.model: Any = None
         self.tokenizer: Any = None
+        self._pulled: dict[str, torch.Tensor] | None = None
+        """The published tensors of ``version`` where the model computes in another dtype."""
         self.out = Path(config.out)
         self.out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -149,13 +153,32 @@ class Evaluator:
         return record
 
     def _load(self, version: int, dtype: str) -> None:
-        if self.model is None or self.model.dtype != getattr(torch, dtype):
+        published = torch_dtype(dtype)
+        if self.model is None or self.model.dtype != self._compute(published):
             self._build(version)  # first, or built early from assets that named another dtype
         state = self.model.state_dict()
         behind = self.version == NO_VERSION or version < self.version
         have = None if behind else self.version  # an older version: from a full snapshot
-        self.client.pull(self.config.policy, state, have, version)
+        if self.model.dtype == published:
+            self.client.pull(self.config.policy, state, have, version)
+        else:  # pulls move the published tensors bit for bit: into a copy in their dtype
+            pulled = self._pulled
+            if pulled is None or next(iter(pulled.values())).dtype != published:
+                entries = self.client.manifest(self.config.policy, version).tensors
+                pulled = {e.name: torch.empty(e.shape, dtype=torch_dtype(e.dtype))
+                          for e in entries}  # fmt: skip
+                have = None
+            self._pulled = None  # until the pull has written all of it
+            self.client.pull(self.config.policy, pulled, have, version)
+            self._pulled = pulled
+            with torch.no_grad():
+                for name, tensor in pulled.items():
+                    state[name].copy_(tensor)
         self.version = version
+
+    def _compute(self, published: torch.dtype) -> torch.dtype:
+        """The dtype the model computes in for weights published in ``published``."""
+        return compute_dtype(self.config.dtype, published, "cpu")
 
     def _recorded(self) -> bool:
         """``out`` already holds a record of this policy (a restarted evaluator)."""
@@ -198,6 +221,7 @@ class Evaluator:
             dtype = self.client.manifest(self.config.policy, found).tensors[0].dtype
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype.removeprefix("torch."))
+        dtype = self._compute(dtype)
         tokenizer = AutoTokenizer.from_pretrained(assets)
         tokenizer.padding_side = "left"
         self.model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()

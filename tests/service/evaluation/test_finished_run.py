@@ -155,6 +155,41 @@ def test_export_round_trip_gives_identical_logits_and_tokens(
     assert exported.generation_config.eos_token_id == ours.eos_token_id
 
 
+@pytest.mark.parametrize(("choice", "computes"), [("auto", torch.float32),
+                                                  ("published", torch.bfloat16)])  # fmt: skip
+def test_bf16_versions_are_evaluated_in_float32_holding_the_published_values(
+    finished: Finished, tmp_path: Path, choice: str, computes: torch.dtype
+) -> None:
+    """A bfloat16 publication: by default the evaluator (on the CPU) computes in float32,
+    with exactly the published values, version after version (delta pulls apply to a copy in
+    bfloat16); ``dtype: published`` computes in bfloat16."""
+    config = RunDir(finished.dir).eval_config(
+        "policy", [f"weights={tmp_path / 'w'}", f"out={tmp_path / 'eval.jsonl'}", "sets=[]",
+                   "generator.size=10", f"dtype={choice}"],
+    )  # fmt: skip
+    published: dict[int, dict[str, torch.Tensor]] = {}
+    with WeightStore(tmp_path / "w") as store:
+        store.publish_assets("policy", WeightClient(finished.dir / "weights").fetch_assets(
+            "policy", tmp_path / "assets"))  # fmt: skip
+        evaluator = Evaluator(config)
+        gen = torch.Generator().manual_seed(0)
+        for version in range(3):
+            tensors = {name: (t + (torch.rand(t.shape, generator=gen) < 0.05) * 0.25 * version)
+                       for name, t in finished.tensors.items()}  # fmt: skip
+            if "lm_head.weight" in tensors:  # tied to the embeddings, as a trainer's are
+                tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+            published[version] = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
+            store.publish("policy", version, tensors, dtype=torch.bfloat16).result()
+            record = evaluator.step()
+            assert record is not None and record["version"] == version
+            assert evaluator.model.dtype == computes
+            state = evaluator.model.state_dict()
+            for name, value in published[version].items():
+                assert torch.equal(state[name], value.to(computes)), (version, name)
+    delta = WeightClient(tmp_path / "w").manifest("policy", 2)
+    assert delta.base is not None, "version 2 is a delta: the evaluator applied it"
+
+
 def test_export_keeps_a_bf16_publication_bf16(finished: Finished, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 

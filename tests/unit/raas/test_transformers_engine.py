@@ -188,6 +188,53 @@ async def test_engine_built_from_store_assets_loads_and_applies_deltas(
         client.close()
 
 
+@pytest.mark.parametrize(("choice", "computes"), [("auto", "float32"), ("published", "bfloat16")])
+async def test_bf16_weights_compute_in_float32_on_cpu_and_stay_bit_exact(
+    tmp_path: Path, choice: str, computes: str
+) -> None:
+    """Weights published in bfloat16: on a CPU the engine computes in float32 by default
+    (dtype 'auto'), holding exactly the published values; delta pulls still apply to the
+    published tensors, refresh after refresh."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from astraflow.models import build_model
+
+    store = PolicyStore(tmp_path / "weights", dtype="bfloat16")
+    client = WeightClient(store.root)
+    assets = client.fetch_assets("policy", tmp_path / "assets")
+    context = EngineContext(policy="policy", tokenizer=AutoTokenizer.from_pretrained(assets),
+                            work_dir=tmp_path / "engine", assets_dir=assets)  # fmt: skip
+    engine = build_engine({"type": "transformers", "device": "cpu", "dtype": choice}, context)
+    request = GenerationRequest((5, 14, 6, 17), max_new_tokens=8, seed=11)
+    try:
+        await engine.load(client.load("policy", 0), 0)
+        for version in (0, 1, 2):
+            if version:
+                store.publish_perturbed(version, seed=version)
+                await engine.apply(client, "policy", version)
+            model = engine.model  # type: ignore[attr-defined]
+            assert model.dtype == getattr(torch, computes)
+            state = model.state_dict()
+            for name, tensor in store.states[version].items():
+                assert tensor.dtype == torch.bfloat16
+                assert torch.equal(state[name], tensor.to(state[name].dtype)), (version, name)
+            out = (await engine.generate([request]))[0]
+            assert out.version == version
+            # built in the dtype it computes in (buffers such as rotary frequencies too),
+            # holding the published values
+            reference = build_model(store.spec.model_copy(update={"dtype": computes}))
+            reference.load_state_dict(store.states[version], strict=False)
+            ref = recompute_logprobs(reference, request.prompt_ids, out.token_ids.tolist(), 1.0)
+            # bf16 arithmetic: a cached decode and a full recomputation round differently
+            atol = 2e-5 if computes == "float32" else 5e-2
+            np.testing.assert_allclose(out.logprobs, ref, atol=atol)
+    finally:
+        await engine.close()
+        client.close()
+        store.close()
+
+
 async def test_weight_updates_land_between_batches_only(
     tmp_path: Path, policy_store: PolicyStore
 ) -> None:
