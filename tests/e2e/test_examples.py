@@ -48,6 +48,12 @@ COVERED = {
     # the same workflow as code_solver_testgen (run by the study test above) on the HumanEval
     # tasks that humaneval_solver_selector's smoke run loads here
     "humaneval_solver_testgen": "tests/e2e/test_code_workflows_study.py",
+    # each of these recipes is run, reduced, by a test of its own that checks it learns: the
+    # smoke run would add only the CLI's --smoke path, which the other recipes here run
+    "quickstart": "tests/e2e/test_quickstart.py",  # and test_interrupt.py, through the CLI
+    "solver_verifier": "tests/e2e/test_solver_verifier.py",
+    "gridnav_cpu": "tests/e2e/test_gridnav_recipe.py",
+    "openai_agent": "tests/e2e/test_openai_agent.py",
 }
 
 
@@ -84,6 +90,11 @@ def extra_args(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[list[
         except ConfigError as exc:
             pytest.skip(f"SmolLM2-135M-Instruct is not available offline here: {exc}")
         args += ["--set", f"policies.policy.model.name_or_path={path}"]
+        # a step of the 135M model on 32 samples is ~40 s of these two cores: 16 a batch
+        # (two groups) and no evaluation between the first and the last version
+        args += ["--set", "policies.policy.trainer.batch.min_samples=16"]
+        args += ["--set", "policies.policy.trainer.batch.max_samples=16"]
+        args += ["--set", "eval.0.every_s=3600"]
     if stem == "frozen_judge_openai":
         from astraflow.config import load_config
         from astraflow.launch.config import RunConfig
