@@ -160,6 +160,7 @@ class Evaluator:
         behind = self.version == NO_VERSION or version < self.version
         have = None if behind else self.version  # an older version: from a full snapshot
         if self.model.dtype == published:
+            self._pulled = None
             self.client.pull(self.config.policy, state, have, version)
         else:  # pulls move the published tensors bit for bit: into a copy in their dtype
             pulled = self._pulled
