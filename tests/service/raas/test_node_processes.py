@@ -7,11 +7,12 @@ is cleaned up, yet no task is lost: the leases expire and another node finishes 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -80,25 +81,38 @@ def _stop(*procs: subprocess.Popen[bytes]) -> None:
             p.wait(10)
 
 
-def test_sigterm_hands_leases_back_and_exits_zero(
-    tmp_path: Path, store: PolicyStore, weight_server: str
-) -> None:
-    tasks = write_tasks(tmp_path / "tasks.jsonl", ["1+1=", "2+2=", "1+2="], sleep_s=60.0)
+@contextlib.contextmanager
+def _node_holding_three_tasks(
+    tmp: Path, name: str, weight_server: str, *, sleep_s: float, grace_s: float
+) -> Iterator[tuple[Any, subprocess.Popen[bytes]]]:
+    """A node process (``grace_s``) holding the leases of three tasks that sleep ``sleep_s``
+    (lease ttl ``sleep_s``); the dataflow client and the node; everything stopped after."""
+    tasks = write_tasks(tmp / "tasks.jsonl", ["1+1=", "2+2=", "1+2="], sleep_s=sleep_s)
     harness = DataflowHarness(
-        dataflow_config(tmp_path / "df", tasks, ttl_s=60.0, workflow=SLEEPY, group_size=1)
+        dataflow_config(tmp / "df", tasks, ttl_s=sleep_s, workflow=SLEEPY, group_size=1)
     )
     client = harness.client()
-    node = _start_node(tmp_path, "node-t", harness.url, weight_server, capacity=4, grace_s=1.0)
+    node = _start_node(tmp, name, harness.url, weight_server, capacity=4, grace_s=grace_s)
     try:
         _wait(
             "the node to hold all three tasks",
-            lambda: (
-                client.report().nodes.get("node-t") is not None
-                and client.report().nodes["node-t"].leased == 3
-            ),
+            lambda: getattr(client.report().nodes.get(name), "leased", 0) == 3,
             90,
             [node],
         )
+        yield client, node
+    finally:
+        _stop(node)
+        client.close()
+        harness.stop()
+
+
+def test_sigterm_hands_leases_back_and_exits_zero(
+    tmp_path: Path, store: PolicyStore, weight_server: str
+) -> None:
+    with _node_holding_three_tasks(
+        tmp_path, "node-t", weight_server, sleep_s=60.0, grace_s=1.0
+    ) as (client, node):
         sent = time.monotonic()
         node.send_signal(signal.SIGTERM)
         assert node.wait(30) == 0
@@ -109,10 +123,6 @@ def test_sigterm_hands_leases_back_and_exits_zero(
         assert all(t.attempt == 1 for t in reply.tasks), "handed back, not expired (ttl 60 s)"
         log = (tmp_path / "node-t.log").read_text()
         assert "released leases=3" in log
-    finally:
-        _stop(node)
-        client.close()
-        harness.stop()
 
 
 def test_once_every_trainer_is_final_sigterm_skips_the_grace_period(
@@ -121,20 +131,10 @@ def test_once_every_trainer_is_final_sigterm_skips_the_grace_period(
     # the end of a run: the trainer announced its final version, so whatever the node's tasks
     # still make would be dropped. A stop hands them back at once instead of waiting out a
     # grace period of 120 s (with tasks that sleep 300 s)
-    tasks = write_tasks(tmp_path / "tasks.jsonl", ["1+1=", "2+2=", "1+2="], sleep_s=300.0)
-    harness = DataflowHarness(
-        dataflow_config(tmp_path / "df", tasks, ttl_s=300.0, workflow=SLEEPY, group_size=1)
-    )
-    client = harness.client()
-    node = _start_node(tmp_path, "node-f", harness.url, weight_server, capacity=4, grace_s=120.0)
     log = tmp_path / "node-f.log"
-    try:
-        _wait(
-            "the node to hold all three tasks",
-            lambda: getattr(client.report().nodes.get("node-f"), "leased", 0) == 3,
-            90,
-            [node],
-        )
+    with _node_holding_three_tasks(
+        tmp_path, "node-f", weight_server, sleep_s=300.0, grace_s=120.0
+    ) as (client, node):
         store.publish_perturbed(1, fraction=0.2)
         ref = store.store.manifest_ref("policy", 1)
         client.announce(PolicyVersion(policy="policy", version=1, manifest=ref, final=True))
@@ -147,10 +147,6 @@ def test_once_every_trainer_is_final_sigterm_skips_the_grace_period(
         assert "released leases=3 requeued=3" in text
         reply = client.lease(LeaseRequest(node_id="other", capacity=8, workflows=[SLEEPY]))
         assert len({t.task_id for t in reply.tasks}) == 3, "nothing is lost: all re-queued"
-    finally:
-        _stop(node)
-        client.close()
-        harness.stop()
 
 
 def test_kill_9_loses_no_task(tmp_path: Path, store: PolicyStore, weight_server: str) -> None:
