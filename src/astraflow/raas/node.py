@@ -13,8 +13,8 @@ can crash the node.
     refresh ── newer version announced ──► policy.refresh (engine: no generation sees it)
 
     stop (SIGTERM) ─► lease loop ends ─► runners finish within grace_s ─► release the rest
-                  (no grace where every hosted policy is final: the dataflow would drop
-                  what the runners still make)
+                  (no grace where every hosted trained policy is final: the dataflow
+                  would drop what the runners still make)
                   ─► heartbeat / refresh end ─► engines close ─► exit 0
 
 A crash needs no clean-up: the node's leases expire and the dataflow re-queues the tasks.
