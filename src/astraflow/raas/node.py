@@ -484,11 +484,11 @@ class RolloutNode:
     async def _drain(self) -> None:
         """Let running tasks finish within the grace period; hand back the rest."""
         runners = [r.runner for r in self._running.values()]
-        done = [name for name, p in self.policies.items() if not p.frozen and name in self._final]
-        if runners and done and all(p.frozen or name in done for name, p in self.policies.items()):
+        trained = sorted(name for name, p in self.policies.items() if not p.frozen)
+        if runners and trained and self._final.issuperset(trained):
             # the run is over for this node: what its tasks still make would be dropped
             log.info("stopping: %d tasks running, handed back now (the trainers of %s have "
-                     "finished)", len(runners), ", ".join(sorted(done)))  # fmt: skip
+                     "finished)", len(runners), ", ".join(trained))  # fmt: skip
         elif runners:
             log.info("stopping: %d tasks running, grace %.1fs", len(runners), self.config.grace_s)
             await asyncio.wait(runners, timeout=self.config.grace_s)
