@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "UNCHANGED_BY_FAILED_PULL",
     "AstraflowError",
     "AuthError",
     "ChecksumError",
@@ -178,6 +179,18 @@ class ChecksumError(AstraflowError, ValueError):
     """Data failed checksum verification (corrupt or truncated); it is never applied."""
 
     code = "checksum"
+
+
+#: What a failed weight pull (``WeightClient.pull``) raises with the tensors as they were (a
+#: delta's changes undone, a full snapshot refused before it writes): a version not served
+#: (collected, or a relay gone past it), a transfer, a check. The caller's tensors still hold
+#: the version they held; anything else may have left them half-written.
+UNCHANGED_BY_FAILED_PULL: tuple[type[AstraflowError], ...] = (
+    NotFoundError,
+    TransferError,
+    ChecksumError,
+    ValidationError,
+)
 
 
 class WorkflowError(AstraflowError, RuntimeError):

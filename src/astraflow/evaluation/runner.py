@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from astraflow.errors import NotFoundError
+from astraflow.errors import UNCHANGED_BY_FAILED_PULL, NotFoundError
 from astraflow.evaluation.config import EvalConfig
 from astraflow.evaluation.episodes import LocalPolicy
 from astraflow.evaluation.heldout import Decoding, HeldOut
@@ -163,14 +163,19 @@ class Evaluator:
             self._pulled = None
             self.client.pull(self.config.policy, state, have, version)
         else:  # pulls move the published tensors bit for bit: into a copy in their dtype
-            pulled = self._pulled
+            held = self._pulled  # the published tensors of self.version, if any
+            pulled = held
             if pulled is None or next(iter(pulled.values())).dtype != published:
                 entries = self.client.manifest(self.config.policy, version).tensors
                 pulled = {e.name: torch.empty(e.shape, dtype=torch_dtype(e.dtype))
                           for e in entries}  # fmt: skip
                 have = None
             self._pulled = None  # until the pull has written all of it
-            self.client.pull(self.config.policy, pulled, have, version)
+            try:
+                self.client.pull(self.config.policy, pulled, have, version)
+            except UNCHANGED_BY_FAILED_PULL:
+                self._pulled = held  # left as it was: the next pull is a delta on it again
+                raise
             self._pulled = pulled
             with torch.no_grad():
                 for name, tensor in pulled.items():
@@ -227,3 +232,4 @@ class Evaluator:
         tokenizer.padding_side = "left"
         self.model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
         self.tokenizer = tokenizer
+        self.version, self._pulled = NO_VERSION, None  # a new model holds no version yet

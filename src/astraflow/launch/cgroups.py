@@ -2,8 +2,9 @@
 
 A pool with ``speed < 1`` runs each node in its own cgroup under the ``cpu`` controller,
 ``<mount>/astraflow/<run>/<node>``, whose CFS quota is ``speed x cpus`` of every period
-(``cpus``: the node's torch threads). The launcher moves the node process (all its threads)
-into it once the node is ready; the directories are removed when the run ends::
+(``cpus``: the node's torch threads). The launcher moves the node process (all its threads,
+and every process it has started: an engine process, sandboxes, environment servers) into it
+once the node is ready; the directories are removed when the run ends::
 
     /sys/fs/cgroup/cpu/astraflow/<run>/            (no limit)
         <node>/  cpu.cfs_period_us = 100000, cpu.cfs_quota_us = speed x cpus x 100000
@@ -22,7 +23,7 @@ from pathlib import Path
 from astraflow.cgroupfs import remove_cgroup
 from astraflow.errors import ConfigError
 
-__all__ = ["CPU_ROOT", "CpuQuotas", "check_cpu_cgroups", "move_to_cgroup"]
+__all__ = ["CPU_ROOT", "CpuQuotas", "check_cpu_cgroups", "descendants", "move_to_cgroup"]
 
 log = logging.getLogger(__name__)
 
@@ -89,5 +90,35 @@ class CpuQuotas:
 
 
 def move_to_cgroup(path: Path, pid: int) -> None:
-    """Move process ``pid`` (every thread of it) into the cgroup ``path``."""
+    """Move process ``pid`` (every thread of it) and every process it has started (an engine
+    process, a sandbox, an environment server) into the cgroup ``path``; processes started
+    from now on are born in it."""
     (path / "cgroup.procs").write_text(str(pid))
+    moved = {pid}
+    while True:  # again until none is left: a child may have forked before it was moved
+        left = [p for p in descendants(pid) if p not in moved]
+        if not left:
+            return
+        for child in left:
+            moved.add(child)
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):  # it ended
+                (path / "cgroup.procs").write_text(str(child))
+
+
+def descendants(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Process ids of every live descendant of ``pid``, read from ``proc`` (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found

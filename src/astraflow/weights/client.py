@@ -211,8 +211,9 @@ class WeightClient:
         """Update ``tensors`` in place from version ``have`` to ``want`` (default: latest).
 
         ``have=None`` means the tensors hold no known version (a full snapshot is used).
-        Raises ``TransferError`` (naming source, version and file) when the download fails,
-        ``ChecksumError`` when data or the tensors do not verify; a delta pull that fails
+        Raises ``NotFoundError`` when a version it needs is not served, ``TransferError``
+        (naming source, version and file) when the download fails, ``ChecksumError`` when data
+        or the tensors do not verify (``errors.UNCHANGED_BY_FAILED_PULL``); a delta pull that fails
         leaves the tensors as they were (its changes undone), a full one fails before it
         writes.
         """

@@ -190,6 +190,49 @@ def test_bf16_versions_are_evaluated_in_float32_holding_the_published_values(
     assert delta.base is not None, "version 2 is a delta: the evaluator applied it"
 
 
+def test_a_failed_pull_keeps_the_bf16_copy_for_the_next_delta(
+    finished: Finished, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pull that fails because a file is not served changes nothing: the evaluator's bf16
+    copy still holds the version before, and the next try is a delta on it again."""
+    from astraflow.errors import NotFoundError
+    from astraflow.weights.manifest import DELTA_FILE, version_dir
+
+    config = RunDir(finished.dir).eval_config(
+        "policy", [f"weights={tmp_path / 'w'}", f"out={tmp_path / 'eval.jsonl'}", "sets=[]",
+                   "generator.size=10"],
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    with WeightStore(tmp_path / "w") as store:
+        store.publish_assets("policy", WeightClient(finished.dir / "weights").fetch_assets(
+            "policy", tmp_path / "assets"))  # fmt: skip
+        evaluator = Evaluator(config)
+        published = {}
+        for version in range(3):
+            tensors = {name: t + (torch.rand(t.shape, generator=gen) < 0.05) * 0.25 * version
+                       for name, t in finished.tensors.items()}  # fmt: skip
+            if "lm_head.weight" in tensors:  # tied to the embeddings, as a trainer's are
+                tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+            published[version] = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
+            store.publish("policy", version, tensors, dtype=torch.bfloat16).result()
+            if version < 2:
+                assert evaluator.step() is not None
+        delta = tmp_path / "w" / version_dir("policy", 2) / DELTA_FILE
+        delta.rename(delta.with_suffix(".away"))
+        with pytest.raises(NotFoundError, match=DELTA_FILE):
+            evaluator.step()
+        delta.with_suffix(".away").rename(delta)
+        with caplog.at_level("INFO", logger="astraflow.weights.client"):
+            record = evaluator.step()
+    assert record is not None and record["version"] == 2
+    pulls = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pulled")]
+    assert len(pulls) == 1 and "have=1 want=2 path=chain" in pulls[0], pulls
+    assert evaluator.model.dtype == torch.float32
+    state = evaluator.model.state_dict()
+    for name, value in published[2].items():
+        assert torch.equal(state[name], value.to(torch.float32)), name
+
+
 def test_export_keeps_a_bf16_publication_bf16(finished: Finished, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -3,8 +3,10 @@ under (a real cgroup v1, when this machine lets us make one), and the error with
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -12,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from astraflow.errors import ConfigError
-from astraflow.launch.cgroups import CPU_ROOT, CpuQuotas, check_cpu_cgroups, move_to_cgroup
+from astraflow.launch.cgroups import (
+    CPU_ROOT,
+    CpuQuotas,
+    check_cpu_cgroups,
+    descendants,
+    move_to_cgroup,
+)
 from astraflow.launch.config import PoolSection
 from astraflow.launch.plan import make_plan, node_config
 from astraflow.launch.processes import Proc
@@ -83,6 +91,59 @@ def test_a_slowed_node_process_gets_its_cpu_quota(tmp_path: Path) -> None:
     assert f"/astraflow/test-{os.getpid()}/spinner" in member
     assert cpu <= 0.25 + 0.15 and int(stat["nr_periods"]) >= 1
     assert not quotas.base.exists()
+
+
+@pytest.mark.skipif(not _cgroups_usable(), reason=f"needs a writable cgroup v1 {CPU_ROOT} (root)")
+def test_a_slowed_node_takes_the_processes_it_started_into_its_cgroup(tmp_path: Path) -> None:
+    """A node's engine process (``process: true``), sandboxes and environment servers run
+    under its quota too: the child and grandchild it started before the move are moved with
+    it, and a process it starts afterwards is born in the cgroup."""
+    quotas = CpuQuotas(f"test-{os.getpid()}")
+    go, pids = tmp_path / "go", tmp_path / "pids"
+    # the node forks a child, which forks a grandchild; each notes its pid, then waits; once
+    # moved, the node starts one more child
+    tree = (
+        "import os, pathlib, subprocess, sys, time\n"
+        f"go, pids = pathlib.Path({str(go)!r}), pathlib.Path({str(pids)!r})\n"
+        "top = os.getpid()\n"
+        "if os.fork() == 0:\n    os.fork()\n"
+        "with pids.open('a') as f:\n    f.write(f'{os.getpid()}\\n')\n"
+        "while not go.exists():\n    time.sleep(0.01)\n"
+        "if os.getpid() == top:\n"
+        "    late = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
+        "    (pids.parent / 'late').write_text(str(late.pid))\n"
+        "    time.sleep(30)\n"
+        "else:\n    time.sleep(30)\n"
+    )
+    procs: list[int] = []
+    try:
+        cgroup = quotas.create("tree", 0.5)
+        proc = Proc("tree", "node", [sys.executable, "-c", tree], tmp_path / "tree.log",
+                    restart=False)  # fmt: skip
+        proc.start()
+        assert proc.pid is not None
+        while len(pids.read_text().split() if pids.exists() else []) < 3:
+            assert proc.poll() is None, (tmp_path / "tree.log").read_text()
+            time.sleep(0.02)
+        procs = [int(p) for p in pids.read_text().split()]
+        assert proc.pid in procs
+        move_to_cgroup(cgroup, proc.pid)
+        go.touch()
+        while not (tmp_path / "late").exists():
+            time.sleep(0.02)
+        procs.append(int((tmp_path / "late").read_text()))
+        where = f"/astraflow/test-{os.getpid()}/tree"
+        for pid in procs:
+            assert where in Path(f"/proc/{pid}/cgroup").read_text(), pid
+        assert set(procs) - {proc.pid} <= set(descendants(proc.pid))
+    finally:
+        for pid in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if procs:
+            proc.wait(10)
+        time.sleep(0.2)  # the orphans are reaped by init
+        quotas.close()
 
 
 def test_remote_pool_nodes_get_the_link_and_relay_urls(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from astraflow.errors import ServiceUnavailableError, ValidationError
+from astraflow.errors import NotFoundError, ServiceUnavailableError, ValidationError
 from astraflow.raas.engines.base import (
     EngineContext,
     EngineOutput,
@@ -23,7 +23,13 @@ from astraflow.raas.engines.batching import Pending
 from astraflow.raas.engines.transformers import TransformersEngine
 from astraflow.weights import WeightClient
 from fixtures.models import tiny_spec
-from fixtures.raas import PolicyStore, assert_exact_logprobs, recompute_logprobs, tiny_engine
+from fixtures.raas import (
+    PolicyStore,
+    RecordedPulls,
+    assert_exact_logprobs,
+    recompute_logprobs,
+    tiny_engine,
+)
 
 
 def _prompt(engine: TransformersEngine, text: str) -> tuple[int, ...]:
@@ -229,6 +235,44 @@ async def test_bf16_weights_compute_in_float32_on_cpu_and_stay_bit_exact(
             # bf16 arithmetic: a cached decode and a full recomputation round differently
             atol = 2e-5 if computes == "float32" else 5e-2
             np.testing.assert_allclose(out.logprobs, ref, atol=atol)
+    finally:
+        await engine.close()
+        client.close()
+        store.close()
+
+
+async def test_a_version_not_served_leaves_the_published_copy_for_the_next_delta(
+    tmp_path: Path,
+) -> None:
+    """A refresh to a version the store does not serve (a relay gone past it) fails before
+    anything is written; the float32 engine's copy of the bf16 tensors still holds the old
+    version, so the next refresh is a delta on it, not a full snapshot (a cross-region run
+    pulled 1-6.6 MB full snapshots over its link after each such miss)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    store = PolicyStore(tmp_path / "weights", dtype="bfloat16")
+    client = WeightClient(store.root)
+    assets = client.fetch_assets("policy", tmp_path / "assets")
+    context = EngineContext(policy="policy", tokenizer=AutoTokenizer.from_pretrained(assets),
+                            work_dir=tmp_path / "engine", assets_dir=assets)  # fmt: skip
+    engine = build_engine({"type": "transformers", "device": "cpu"}, context)
+    source = RecordedPulls(client)
+
+    try:
+        await engine.load(client.load("policy", 0), 0)
+        store.publish_perturbed(1, seed=1)
+        with pytest.raises(NotFoundError, match="v00000007"):
+            await engine.apply(source, "policy", 7)
+        assert engine.version == 0
+        for version in (1, 2):
+            if version == 2:
+                store.publish_perturbed(2, seed=2)
+            await engine.apply(source, "policy", version)
+            state = engine.model.state_dict()  # type: ignore[attr-defined]
+            for name, tensor in store.states[version].items():
+                assert torch.equal(state[name], tensor.to(state[name].dtype)), (version, name)
+        assert source.pulls == [(0, 7, "not found"), (0, 1, "chain"), (1, 2, "chain")]
     finally:
         await engine.close()
         client.close()

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from astraflow.errors import UNCHANGED_BY_FAILED_PULL
 from astraflow.raas.engines.base import WeightSource
 from astraflow.records import NO_VERSION
 
@@ -50,6 +51,9 @@ class HostWeights:
         have, self.version = self.version, NO_VERSION
         try:
             source.pull(self.policy, self.tensors, have, want)
+        except UNCHANGED_BY_FAILED_PULL:
+            self.version = have  # left as they were: the next pull is a delta on them again
+            raise
         except Exception:
             self.tensors = {}  # may be half-written: the next pull reloads in full
             raise

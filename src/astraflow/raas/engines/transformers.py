@@ -34,12 +34,7 @@ import torch
 from pydantic import Field
 
 from astraflow.config import ConfigModel
-from astraflow.errors import (
-    ChecksumError,
-    ServiceUnavailableError,
-    TransferError,
-    ValidationError,
-)
+from astraflow.errors import UNCHANGED_BY_FAILED_PULL, ServiceUnavailableError, ValidationError
 from astraflow.models import ComputeDType, compute_dtype
 from astraflow.raas.engines.base import (
     ENGINES,
@@ -266,8 +261,8 @@ class TransformersEngine(BatchingEngine):
             try:
                 have = self._pulled_version if self._pulled_version >= 0 else None
                 source.pull(policy, pulled, have, want)
-            except (TransferError, ChecksumError, ValidationError):
-                raise  # verified before the first write: unchanged
+            except UNCHANGED_BY_FAILED_PULL:
+                raise  # the client undid its changes (or made none): still `have`
             except Exception:  # maybe half-written: the next refresh pulls a full snapshot
                 self._pulled_version = NO_VERSION
                 raise
@@ -295,8 +290,8 @@ class TransformersEngine(BatchingEngine):
                 self._spare_version = self._version
             have = self._spare_version if self._spare_version >= 0 else None
             source.pull(policy, self._spare_state, have, want)
-        except (TransferError, ChecksumError, ValidationError):
-            raise  # the pull verifies everything before its first write: spare unchanged
+        except UNCHANGED_BY_FAILED_PULL:
+            raise  # the client undid its changes (or made none): spare unchanged
         except Exception:  # maybe half-written: the next refresh starts from a fresh copy
             self._spare, self._spare_state, self._spare_version = None, {}, NO_VERSION
             raise
