@@ -64,7 +64,9 @@ async def test_a_caller_that_gives_up_takes_its_queued_requests_out(tmp_path: Pa
         assert len((await first)[0].token_ids) == 24
         await engine.generate([GenerationRequest(prompt, max_new_tokens=1)])
         metrics = engine.metrics()
-        assert metrics["batches"] == 2 and metrics["mean_batch_size"] == 1.0, metrics
+        # two rows were decoded, the first call's and the last one's (which may join the first
+        # batch if it arrives before that batch's loop has ended): none of the cancelled three
+        assert metrics["batches"] * metrics["mean_batch_size"] == 2, metrics
     finally:
         await engine.close()
 
