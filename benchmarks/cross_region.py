@@ -98,7 +98,8 @@ def run_config(
                         "batch": {"min_samples": 128, "max_samples": 128, "take_timeout_s": 60},
                         "publish_dtype": "bfloat16", "checkpoint": {"every": 0},
                         "max_steps": args.steps},
-            "max_staleness": 2, "max_buffered": 512}},
+            "max_staleness": 2, "max_buffered": 512,
+            "rollout": {"engine": {"type": "transformers", "process": args.engine_process}}}},
         "sources": [{"name": "add1", "type": "generator",
                      "generator": {"type": "add1", "size": 100000}, "workflow": "rlvr",
                      "policies": ["policy"], "group_size": 8, "epochs": None}],
@@ -549,6 +550,11 @@ def main() -> None:
         "--remote-refresh", choices=("lazy", "eager"), default="eager",
         help="remote pools refresh weights only when the staleness bound asks (lazy) or at "
         "every version (eager: a refresh per version can cost them more than an iteration)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--engine-process", action="store_true",
+        help="nodes run their engine in a process of its own (`process: true`; the cgroup of "
+        "a slowed node takes it too)",
     )  # fmt: skip
     parser.add_argument("--replay", type=int, default=6, help="versions replayed over the link")
     parser.add_argument("--out", default="runs/cross_region")
