@@ -38,6 +38,7 @@ from typing import Any
 from pydantic import SecretStr
 
 from astraflow.errors import NotFoundError, ServiceUnavailableError
+from astraflow.heap import freeze_heap
 from astraflow.raas.config import NodeConfig
 from astraflow.raas.endpoint import AgentEndpoint, bind_endpoint
 from astraflow.raas.hosting import build_tools, build_workflows, host_policy
@@ -183,6 +184,7 @@ class RolloutNode:
             sorted(self.workflows),
             self.meter.hardware,
         )
+        freeze_heap(f"node {cfg.node_id}")
         return True
 
     async def serve(self) -> None:

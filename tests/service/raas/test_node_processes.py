@@ -123,6 +123,8 @@ def test_sigterm_hands_leases_back_and_exits_zero(
         assert all(t.attempt == 1 for t in reply.tasks), "handed back, not expired (ttl 60 s)"
         log = (tmp_path / "node-t.log").read_text()
         assert "released leases=3" in log
+        # once ready, its start-up objects were moved out of the garbage collector's way
+        assert "heap frozen component=node" in log
 
 
 def test_once_every_trainer_is_final_sigterm_skips_the_grace_period(

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from astraflow.heap import freeze_heap
 from astraflow.observability import setup_logging
 from astraflow.raas.engines.process import (
     _HEAD,
@@ -41,6 +42,7 @@ class _Child:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._clients: dict[str, Any] = {}
         self.engine: Any = None
+        self._frozen = False
 
     # ------------------------------------------------------------- answers
 
@@ -80,11 +82,13 @@ class _Child:
                 reply, data = await self._generate(head, blob)
             elif op == "load":
                 await self.engine.load(tensors_from_blob(head["tensors"], blob), head["version"])
+                self._loaded()
                 reply, data = {}, b""
             elif op == "load_from":
                 client = self._client(head["source"])
                 tensors = await asyncio.to_thread(client.load, head["policy"], head["version"])
                 await self.engine.load(tensors, head["version"])
+                self._loaded()
                 reply, data = {}, b""
             elif op == "apply":
                 await self.engine.apply(self._client(head["source"]), head["policy"], head["want"])
@@ -100,6 +104,13 @@ class _Child:
             self.send({"op": "ok", "id": ident, **reply, **self._state()}, data)
         finally:
             self._tasks.pop(ident, None)
+
+    def _loaded(self) -> None:
+        """After the first full load the model and the engine live until exit: out of the
+        garbage collector's way (``heap.freeze_heap``)."""
+        if not self._frozen:
+            self._frozen = True
+            freeze_heap(f"engine process {self.engine.context.policy}")
 
     async def _generate(self, head: dict[str, Any], blob: bytes) -> tuple[dict[str, Any], bytes]:
         from astraflow.raas.engines.base import GenerationRequest
