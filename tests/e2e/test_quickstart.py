@@ -41,6 +41,11 @@ def test_reduced_quickstart_learns(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert lines(run_dir / "report.jsonl")
     node_logs = "".join(p.read_text() for p in (run_dir / "logs").glob("node-*.log"))
     assert "pulled policy=policy" in node_logs and "refused" not in node_logs
+    # the node, its engine process and the trainer froze their start-up heaps once ready
+    assert "heap frozen component=node" in node_logs
+    assert "heap frozen component=engine process policy" in node_logs
+    trainer_log = (run_dir / "logs/trainer-policy.log").read_text()
+    assert "heap frozen component=trainer policy" in trainer_log
     for path in [*run_dir.rglob("*.json*"), *run_dir.rglob("*.log")]:
         text = path.read_text(errors="replace")
         assert not any(token in text for token in secrets.values()), path

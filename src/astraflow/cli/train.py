@@ -70,6 +70,7 @@ def _train(args: argparse.Namespace) -> int:
     init_logging(args, "trainer" if rank == 0 else f"trainer[{rank}]")
     from astraflow.cli.bars import show_progress
     from astraflow.config import load_config
+    from astraflow.heap import freeze_heap
     from astraflow.trainer.config import TrainerConfig
     from astraflow.trainer.loop import Trainer
 
@@ -84,6 +85,7 @@ def _train(args: argparse.Namespace) -> int:
     try:
         with show_progress() if rank == 0 else contextlib.nullcontext():
             trainer.start()  # a fresh run warms up here: a bar on a terminal
+        freeze_heap(f"trainer {config.policy}")  # what start built lives until exit
         with progress if rank == 0 else contextlib.nullcontext():
             trainer.run(stop)
     finally:

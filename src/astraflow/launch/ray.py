@@ -73,12 +73,14 @@ def _run_weights(config: str, options: dict[str, str], stop: threading.Event) ->
 
 
 def _run_trainer(config: str, options: dict[str, str], stop: threading.Event) -> None:
+    from astraflow.heap import freeze_heap
     from astraflow.trainer.config import TrainerConfig
     from astraflow.trainer.loop import Trainer
 
     trainer = Trainer(TrainerConfig.model_validate_json(config))
     try:
         trainer.start()
+        freeze_heap(f"trainer {trainer.config.policy}")  # the actor's worker is its own
         trainer.run(stop)
     finally:
         trainer.close()

@@ -136,10 +136,16 @@ class RolloutNode:
         """True once a stop was requested."""
         return self._stop.is_set()
 
-    async def run(self) -> None:
-        """Start, serve until stopped, then stop gracefully and free everything."""
+    async def run(self, *, own_process: bool = False) -> None:
+        """Start, serve until stopped, then stop gracefully and free everything.
+
+        ``own_process``: this process exists for this node (``astraflow raas serve``, a Ray
+        actor), so once ready its start-up heap is frozen (``heap.freeze_heap``): a node
+        embedded in another program leaves that program's garbage collector alone."""
         try:
             if await self.start():
+                if own_process:
+                    freeze_heap(f"node {self.config.node_id}")
                 await self.serve()
         finally:
             await self.close()
@@ -184,7 +190,6 @@ class RolloutNode:
             sorted(self.workflows),
             self.meter.hardware,
         )
-        freeze_heap(f"node {cfg.node_id}")
         return True
 
     async def serve(self) -> None:
@@ -539,7 +544,7 @@ async def run_node(config: NodeConfig, stop: threading.Event, *, poll_s: float =
 
     watcher = asyncio.create_task(watch(), name="stop-watch")
     try:
-        await node.run()
+        await node.run(own_process=True)
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)

@@ -33,7 +33,6 @@ from typing import Any, Final
 
 from astraflow.config import dump_config
 from astraflow.errors import AstraflowError, ConflictError, NotFoundError, ValidationError
-from astraflow.heap import freeze_heap
 from astraflow.models import torch_dtype
 from astraflow.plugins import PluginSpec
 from astraflow.records import (
@@ -139,7 +138,6 @@ class Trainer:
             "trainer ready policy=%s version=%d rank=%d world_size=%d",
             self.config.policy, rt.version, self.backend.rank, self.backend.world_size,
         )  # fmt: skip
-        freeze_heap(f"trainer {self.config.policy}")
 
     def _reconcile(self, rt: Runtime) -> tuple[int, bool]:
         """Rank 0: re-ack and re-announce what a crash left undone; decide the version floor.

@@ -6,6 +6,7 @@ moves past an announced version its weight source does not serve."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,9 @@ async def test_node_leases_runs_rlvr_pushes_valid_samples_and_refreshes(
     try:
         first = await _take(client, 8)
         assert len(first) >= 8
+        # a node embedded in another program (here pytest) leaves its host's garbage
+        # collector alone: only a node in a process of its own freezes its start-up heap
+        assert gc.get_freeze_count() == 0
         models = {0: store.model_at(0)}
         for sample in first:
             assert set(sample.versions[sample.loss_mask == 1].tolist()) == {0}
