@@ -1,6 +1,6 @@
 """Keep the garbage collector off a long-running component's start-up objects.
 
-A process holding torch, transformers and a model has ~230k objects alive once started. A
+A process holding torch, transformers and a model has 230-380k objects alive once started. A
 full collection walks all of them holding the interpreter lock: 0.1-0.2 s on the 2-core
 machine, and several times that in wall time under a CPU quota (a slowed pool's node). While
 it runs, the node's event loop, its weight pull and its decoding all stop. ``freeze_heap``
