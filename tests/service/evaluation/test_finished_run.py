@@ -4,7 +4,9 @@ for k = 1, 4, 8), milestones while a policy trains, the Hugging Face export roun
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +157,38 @@ def test_export_round_trip_gives_identical_logits_and_tokens(
     assert exported.generation_config.eos_token_id == ours.eos_token_id
 
 
+def _eval_config(finished: Finished, tmp_path: Path, *overrides: str) -> Any:
+    """The run's evaluator config, reading the store under ``tmp_path / 'w'``."""
+    return RunDir(finished.dir).eval_config(
+        "policy", [f"weights={tmp_path / 'w'}", f"out={tmp_path / 'eval.jsonl'}", "sets=[]",
+                   "generator.size=10", *overrides],
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _bf16_store(
+    finished: Finished, tmp_path: Path
+) -> Iterator[Callable[[int], dict[str, torch.Tensor]]]:
+    """A store under ``tmp_path / 'w'`` with the run's assets, open for the block. Yields
+    ``publish(version)``: it publishes the run's tensors with 5% of the elements moved, in
+    bfloat16 (the embeddings tied to the head, as a trainer's are), and returns the values
+    published."""
+    gen = torch.Generator().manual_seed(0)
+    with WeightStore(tmp_path / "w") as store:
+        store.publish_assets("policy", WeightClient(finished.dir / "weights").fetch_assets(
+            "policy", tmp_path / "assets"))  # fmt: skip
+
+        def publish(version: int) -> dict[str, torch.Tensor]:
+            tensors = {name: t + (torch.rand(t.shape, generator=gen) < 0.05) * 0.25 * version
+                       for name, t in finished.tensors.items()}  # fmt: skip
+            if "lm_head.weight" in tensors:
+                tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
+            store.publish("policy", version, tensors, dtype=torch.bfloat16).result()
+            return {k: v.to(torch.bfloat16) for k, v in tensors.items()}
+
+        yield publish
+
+
 @pytest.mark.parametrize(("choice", "computes"), [("auto", torch.float32),
                                                   ("published", torch.bfloat16)])  # fmt: skip
 def test_bf16_versions_are_evaluated_in_float32_holding_the_published_values(
@@ -163,23 +197,11 @@ def test_bf16_versions_are_evaluated_in_float32_holding_the_published_values(
     """A bfloat16 publication: by default the evaluator (on the CPU) computes in float32,
     with exactly the published values, version after version (delta pulls apply to a copy in
     bfloat16); ``dtype: published`` computes in bfloat16."""
-    config = RunDir(finished.dir).eval_config(
-        "policy", [f"weights={tmp_path / 'w'}", f"out={tmp_path / 'eval.jsonl'}", "sets=[]",
-                   "generator.size=10", f"dtype={choice}"],
-    )  # fmt: skip
     published: dict[int, dict[str, torch.Tensor]] = {}
-    with WeightStore(tmp_path / "w") as store:
-        store.publish_assets("policy", WeightClient(finished.dir / "weights").fetch_assets(
-            "policy", tmp_path / "assets"))  # fmt: skip
-        evaluator = Evaluator(config)
-        gen = torch.Generator().manual_seed(0)
+    with _bf16_store(finished, tmp_path) as publish:
+        evaluator = Evaluator(_eval_config(finished, tmp_path, f"dtype={choice}"))
         for version in range(3):
-            tensors = {name: (t + (torch.rand(t.shape, generator=gen) < 0.05) * 0.25 * version)
-                       for name, t in finished.tensors.items()}  # fmt: skip
-            if "lm_head.weight" in tensors:  # tied to the embeddings, as a trainer's are
-                tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-            published[version] = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
-            store.publish("policy", version, tensors, dtype=torch.bfloat16).result()
+            published[version] = publish(version)
             record = evaluator.step()
             assert record is not None and record["version"] == version
             assert evaluator.model.dtype == computes
@@ -198,23 +220,11 @@ def test_a_failed_pull_keeps_the_bf16_copy_for_the_next_delta(
     from astraflow.errors import NotFoundError
     from astraflow.weights.manifest import DELTA_FILE, version_dir
 
-    config = RunDir(finished.dir).eval_config(
-        "policy", [f"weights={tmp_path / 'w'}", f"out={tmp_path / 'eval.jsonl'}", "sets=[]",
-                   "generator.size=10"],
-    )  # fmt: skip
-    gen = torch.Generator().manual_seed(0)
-    with WeightStore(tmp_path / "w") as store:
-        store.publish_assets("policy", WeightClient(finished.dir / "weights").fetch_assets(
-            "policy", tmp_path / "assets"))  # fmt: skip
-        evaluator = Evaluator(config)
-        published = {}
+    published: dict[int, dict[str, torch.Tensor]] = {}
+    with _bf16_store(finished, tmp_path) as publish:
+        evaluator = Evaluator(_eval_config(finished, tmp_path))
         for version in range(3):
-            tensors = {name: t + (torch.rand(t.shape, generator=gen) < 0.05) * 0.25 * version
-                       for name, t in finished.tensors.items()}  # fmt: skip
-            if "lm_head.weight" in tensors:  # tied to the embeddings, as a trainer's are
-                tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-            published[version] = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
-            store.publish("policy", version, tensors, dtype=torch.bfloat16).result()
+            published[version] = publish(version)
             if version < 2:
                 assert evaluator.step() is not None
         delta = tmp_path / "w" / version_dir("policy", 2) / DELTA_FILE

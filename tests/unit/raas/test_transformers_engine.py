@@ -194,6 +194,20 @@ async def test_engine_built_from_store_assets_loads_and_applies_deltas(
         client.close()
 
 
+def _bf16_engine(tmp_path: Path, **config: Any) -> tuple[PolicyStore, WeightClient, Any]:
+    """A real weight store publishing bfloat16, its client, and a CPU transformers engine
+    built from the store's assets (``config``: more engine options)."""
+    from transformers import AutoTokenizer
+
+    store = PolicyStore(tmp_path / "weights", dtype="bfloat16")
+    client = WeightClient(store.root)
+    assets = client.fetch_assets("policy", tmp_path / "assets")
+    context = EngineContext(policy="policy", tokenizer=AutoTokenizer.from_pretrained(assets),
+                            work_dir=tmp_path / "engine", assets_dir=assets)  # fmt: skip
+    engine = build_engine({"type": "transformers", "device": "cpu", **config}, context)
+    return store, client, engine
+
+
 @pytest.mark.parametrize(("choice", "computes"), [("auto", "float32"), ("published", "bfloat16")])
 async def test_bf16_weights_compute_in_float32_on_cpu_and_stay_bit_exact(
     tmp_path: Path, choice: str, computes: str
@@ -202,16 +216,10 @@ async def test_bf16_weights_compute_in_float32_on_cpu_and_stay_bit_exact(
     (dtype 'auto'), holding exactly the published values; delta pulls still apply to the
     published tensors, refresh after refresh."""
     import torch
-    from transformers import AutoTokenizer
 
     from astraflow.models import build_model
 
-    store = PolicyStore(tmp_path / "weights", dtype="bfloat16")
-    client = WeightClient(store.root)
-    assets = client.fetch_assets("policy", tmp_path / "assets")
-    context = EngineContext(policy="policy", tokenizer=AutoTokenizer.from_pretrained(assets),
-                            work_dir=tmp_path / "engine", assets_dir=assets)  # fmt: skip
-    engine = build_engine({"type": "transformers", "device": "cpu", "dtype": choice}, context)
+    store, client, engine = _bf16_engine(tmp_path, dtype=choice)
     request = GenerationRequest((5, 14, 6, 17), max_new_tokens=8, seed=11)
     try:
         await engine.load(client.load("policy", 0), 0)
@@ -249,14 +257,8 @@ async def test_a_version_not_served_leaves_the_published_copy_for_the_next_delta
     version, so the next refresh is a delta on it, not a full snapshot (a cross-region run
     pulled 1-6.6 MB full snapshots over its link after each such miss)."""
     import torch
-    from transformers import AutoTokenizer
 
-    store = PolicyStore(tmp_path / "weights", dtype="bfloat16")
-    client = WeightClient(store.root)
-    assets = client.fetch_assets("policy", tmp_path / "assets")
-    context = EngineContext(policy="policy", tokenizer=AutoTokenizer.from_pretrained(assets),
-                            work_dir=tmp_path / "engine", assets_dir=assets)  # fmt: skip
-    engine = build_engine({"type": "transformers", "device": "cpu"}, context)
+    store, client, engine = _bf16_engine(tmp_path)
     source = RecordedPulls(client)
 
     try:
