@@ -10,6 +10,14 @@ One invocation runs, per seed, with the real launcher (every component a process
 Both settings: the same model, task (single-digit addition, SFT warm-up then GRPO), seed,
 trainer and held-out evaluation; nodes pull weights over HTTP in both.
 
+``--cpus C`` scales every pool's speed by C (a pool at 100% gets C CPUs). On a 2-core machine the
+trainer needs a core of its own: at C = 1 the baseline's pools (3 x 0.63) are bound by the
+machine, not by their quotas, and get more CPU than the cross setting's, whose 30% pool is
+quota-bound; at C = 0.5 (0.95 CPUs of rollout) every quota binds and both settings get the
+rollout CPU they are given. ``--batch`` sets the samples per trainer iteration: a longer
+iteration keeps a node's fixed cost per version (hearing of it, the relay's pull, applying the
+delta: ~0.1 s here) a small part of it, as in the paper.
+
 Link scaling (printed): the paper's link is 4 Gbit/s and 300 ms RTT, with a full-weight transfer
 taking about 0.7 of a training iteration. Here the iteration time T is measured in the first
 baseline run, then rate = full snapshot bytes / (0.7 T), and the RTT keeps the paper's ratio of
@@ -79,7 +87,7 @@ def run_config(
         # capacity 2: a node submits 2 groups at a time, so even the 30% pool delivers some
         # in (nearly) every iteration rather than a whole batch every few iterations
         pool: dict[str, Any] = {"name": name, "nodes": 1, "capacity": args.capacity,
-                                "speed": speed}  # fmt: skip
+                                "speed": round(speed * args.cpus, 4)}  # fmt: skip
         if remote:
             assert link is not None
             pool |= {"link": json.loads(link.model_dump_json()), "relay": True,
@@ -95,10 +103,11 @@ def run_config(
                        "steps": args.warmup, "lr": 3.0e-3, "batch_size": 64},
             "trainer": {"loss": {"type": "grpo", "tis_cap": 2.0},
                         "optimizer": {"lr": args.lr, "betas": [0.9, 0.99], "grad_clip": 1.0},
-                        "batch": {"min_samples": 128, "max_samples": 128, "take_timeout_s": 60},
+                        "batch": {"min_samples": args.batch, "max_samples": args.batch,
+                                  "take_timeout_s": 60},
                         "publish_dtype": "bfloat16", "checkpoint": {"every": 0},
                         "max_steps": args.steps},
-            "max_staleness": 2, "max_buffered": 512,
+            "max_staleness": 2, "max_buffered": max(512, 4 * args.batch),
             "rollout": {"engine": {"type": "transformers", "process": args.engine_process}}}},
         "sources": [{"name": "add1", "type": "generator",
                      "generator": {"type": "add1", "size": 100000}, "workflow": "rlvr",
@@ -546,6 +555,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--eval-size", type=int, default=200)
     parser.add_argument("--capacity", type=int, default=2, help="tasks per node at once")
+    parser.add_argument("--batch", type=int, default=128, help="samples per trainer iteration")
+    parser.add_argument(
+        "--cpus", type=float, default=1.0,
+        help="CPUs of a pool at 100%% (every pool's speed is scaled by it)")  # fmt: skip
     parser.add_argument(
         "--remote-refresh", choices=("lazy", "eager"), default="eager",
         help="remote pools refresh weights only when the staleness bound asks (lazy) or at "
@@ -569,6 +582,10 @@ def main() -> None:
         "measured (e.g. an idle machine's, when this one is loaded)",
     )  # fmt: skip
     args = parser.parse_args()
+    if not 0 < args.cpus <= 1:
+        parser.error(f"--cpus must be in (0, 1] (CPUs of a pool at 100%), got {args.cpus}")
+    if args.batch < 8:
+        parser.error(f"--batch must be at least one group (8 samples), got {args.batch}")
     if args.replot:
         done = json.loads(Path(args.replot).read_text())
         plot(Path(args.replot).parent, done["runs"], done["transfer"])
