@@ -65,6 +65,7 @@ POOLS = {
     "cross": [("local", 1.0, False), ("remote60", 0.6, True), ("remote30", 0.3, True)],
 }
 _REFRESH = re.compile(r"refreshed policy=\S+ from=(-?\d+) to=(\d+) seconds=([\d.]+)")
+_DROPPED = re.compile(r"stale groups dropped policy=\S+ groups=\d+ samples=(\d+)")
 
 
 def model_section(args: argparse.Namespace) -> dict[str, Any]:
@@ -203,11 +204,19 @@ def collect(run_dir: Path, setting: str) -> dict[str, Any]:
                               for p in pools},
         "rollout_downtime_total_s": downtime,
         "tokens_per_s": pool_tokens_per_s(run_dir),
+        "stale_dropped_samples": stale_dropped(run_dir),
         "accuracy": [(e.get("version"), e.get("accuracy")) for e in evals],
         "final_accuracy": final.get("accuracy"),
         "links": json.loads(links.read_text()) if links.exists() else {},
         "cgroups": json.loads(cgroups.read_text()) if cgroups.exists() else {},
     }  # fmt: skip
+
+
+def stale_dropped(run_dir: Path) -> int:
+    """Samples the dataflow service dropped as too stale for the trainer (its log)."""
+    log = run_dir / "logs" / "dataflow.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return sum(int(m[1]) for m in _DROPPED.finditer(text))
 
 
 def full_bytes(run_dir: Path) -> int:
@@ -465,6 +474,14 @@ def report(runs: dict[str, list[dict[str, Any]]], transfer: dict[str, Any], link
         for r in runs[s]:
             print(f"{s} seed {r['seed']}: " + ", ".join(
                 f"{p} {v:.1f}" for p, v in sorted(r["tokens_per_s"].items())))  # fmt: skip
+    # the experiment's premise: both settings get the same rollout throughput (a trainer fed
+    # by less waits longer, whatever the links do)
+    print("\n== rollout in all: tokens/s (the premise: equal in both settings); samples "
+          "dropped as stale ==")  # fmt: skip
+    for s in runs:
+        print(f"{s}: " + ", ".join(
+            f"seed {r['seed']} {sum(r['tokens_per_s'].values()):.0f} tokens/s, "
+            f"{r['stale_dropped_samples']} dropped" for r in runs[s]))  # fmt: skip
     print("\n== CPU quotas: share of 100 ms periods throttled per node ==")
     for s in runs:
         for r in runs[s]:

@@ -22,8 +22,12 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
 class RunView:
     """Renders ``RunStatus`` snapshots; library code never prints, this does."""
 
-    def __init__(self, config: Any, plain_every_s: float = 10.0) -> None:
-        self.console = Console(stderr=False)
+    def __init__(
+        self, config: Any, plain_every_s: float = 10.0, console: Console | None = None
+    ) -> None:
+        self.console = console or Console(stderr=False)
+        if not self.console.is_terminal:  # a log: one line per print however long (rich would
+            self.console.soft_wrap = True  # wrap at 80 columns), read and grepped by line
         self.config = config
         self.live: Live | None = None
         self.plain_every_s = plain_every_s
