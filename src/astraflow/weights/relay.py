@@ -188,6 +188,16 @@ class WeightRelay:
         self._held[policy] = local
         return local
 
+    def check_upstream(self) -> None:
+        """Raise ``RelayError`` naming upstream unless it can be read (its health route, or
+        its store root), whatever policies are configured."""
+        try:
+            self.client.source.check()
+        except (TransferError, NotFoundError) as exc:
+            message = f"relay cannot reach upstream {self.upstream}: {exc}"
+            self.last_error = message
+            raise RelayError(message) from exc
+
     def _failed(self, policy: str, exc: Exception) -> RelayError:
         message = f"relay cannot pull policy {policy!r} from upstream {self.upstream}: {exc}"
         self.last_error = message
@@ -326,10 +336,13 @@ def serve_relay(
 
 
 def wait_for_upstream(relay: WeightRelay, timeout_s: float) -> None:
-    """Sync every configured policy once, retrying until ``timeout_s``; raise naming upstream."""
+    """Check upstream answers and sync every configured policy once, retrying until
+    ``timeout_s``; raise naming upstream (a relay started with no policy to mirror still
+    refuses a wrong URL or a dead WAN)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
+            relay.check_upstream()
             for policy in list(relay.policies):
                 relay.sync(policy)
             return

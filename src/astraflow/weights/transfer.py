@@ -90,6 +90,11 @@ class Source(Protocol):
         """The newest version of ``policy``."""
         ...
 
+    def check(self) -> None:
+        """Raise, naming the source, unless it can be read (a server that answers its health
+        route; a store root that exists)."""
+        ...
+
     def merged(self, policy: str, have: int, want: int) -> WeightManifest | None:
         """A merged delta ``have`` → ``want`` if the source can make one, else None."""
         ...
@@ -130,6 +135,9 @@ class HttpSource:
 
     def read(self, rel: str, what: str) -> bytes:
         return self._get(f"{PREFIX}/files/{rel}", what)
+
+    def check(self) -> None:
+        self._get(f"{PREFIX}/health", "health")
 
     def latest(self, policy: str) -> int | None:
         body = json.loads(self._get(f"{PREFIX}/{check_policy(policy)}/latest", f"{policy} latest"))
@@ -308,6 +316,10 @@ class FsSource:
     def latest(self, policy: str) -> int | None:
         versions = self._retry(lambda: self.files.versions(policy), f"{policy} versions")
         return versions[-1] if versions else None
+
+    def check(self) -> None:
+        if not self._retry(lambda: self.files.fs.isdir(self.files.base), "store root"):
+            raise NotFoundError(f"{self.url}: no weight store there (not a directory)")
 
     def merged(self, policy: str, have: int, want: int) -> WeightManifest | None:
         return None  # composing is done by the client for plain stores

@@ -4,6 +4,8 @@ refuses corrupt upstream data, and fails loud naming the upstream when the WAN i
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,7 +25,7 @@ from astraflow.link import Link, LinkConfig
 from astraflow.weights import WeightClient, WeightStore, WeightStoreConfig
 from astraflow.weights.access import WeightsAuthConfig
 from astraflow.weights.manifest import DELTA_FILE
-from astraflow.weights.relay import RelayError, WeightRelay, serve_relay
+from astraflow.weights.relay import RelayError, WeightRelay, serve_relay, wait_for_upstream
 from astraflow.weights.server import WeightServerConfig, serve_in_thread
 from astraflow.weights.tensors import bits
 from astraflow.weights.transfer import TransferOptions
@@ -194,6 +196,40 @@ def test_relay_fails_loud_naming_upstream_when_the_wan_is_down(region: Region) -
             client.pull("p", node, 0, 1)
     region.link.set_down(False)
     assert region.relay.sync("p") is not None and region.relay.held("p") == 1
+
+
+def test_a_relay_with_no_policy_to_mirror_still_checks_its_upstream(
+    region: Region, tmp_path: Path
+) -> None:
+    """``--policy`` is optional: a relay that mirrors only on demand still refuses, at start,
+    an upstream it cannot read (a wrong URL, a dead WAN, a store directory that is not there)
+    instead of serving a region that no pull can ever reach."""
+    assert region.relay.policies == []
+    wait_for_upstream(region.relay, 0.0)  # the upstream server answers its health route
+    region.link.set_down(True)
+    with pytest.raises(RelayError) as info:
+        wait_for_upstream(region.relay, 0.0)
+    assert f"relay cannot reach upstream {region.link.url('weights')}" in str(info.value)
+    assert region.relay.last_error == str(info.value)
+    region.link.set_down(False)
+    wait_for_upstream(region.relay, 5.0)
+    region.store.publish("p", 0, _states(1, size=1000)[0]).result()
+    wait_for_upstream(WeightRelay(str(region.upstream_root), tmp_path / "fs", options=FAST), 0.0)
+    missing = WeightRelay(str(tmp_path / "no-store-here"), tmp_path / "mirror", options=FAST)
+    with pytest.raises(RelayError, match=r"upstream .*no-store-here.*no weight store there"):
+        wait_for_upstream(missing, 0.0)
+    missing.close()
+
+
+def test_the_relay_command_exits_naming_an_upstream_it_cannot_read(tmp_path: Path) -> None:
+    typo = tmp_path / "weigths"  # the store is at tmp_path / "weights"
+    proc = subprocess.run(
+        [sys.executable, "-m", "astraflow", "weights", "relay", "--upstream", str(typo),
+         "--root", str(tmp_path / "mirror"), "--port", "0", "--wait-s", "0.5"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stdout
+    assert f"relay cannot reach upstream {typo}" in proc.stderr, proc.stderr
 
 
 def test_relay_pulls_nothing_for_a_caller_without_a_token(tmp_path: Path) -> None:
