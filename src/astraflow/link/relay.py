@@ -81,6 +81,12 @@ class Forward:
                 f"forward {text!r}: expected [NAME=][HOST:]PORT:UPSTREAM_HOST:UPSTREAM_PORT",
                 field="forward",
             ) from None
+        if not (0 <= listen[1] <= 65535 and 0 < upstream[1] <= 65535) or not upstream[0]:
+            raise ValidationError(
+                f"forward {text!r}: ports are 1-65535 (listen port 0: a free one) and the "
+                "upstream host is not empty",
+                field="forward",
+            )
         return cls(upstream=upstream, listen=listen, name=name)
 
 

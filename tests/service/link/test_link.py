@@ -114,6 +114,10 @@ def test_bad_shapes_are_refused() -> None:
         LinkConfig(delay_ms=5, jitter_ms=10)
     with pytest.raises(ValidationError, match="forward"):
         Forward.parse("9000:nohost")
+    for bad in ("0:127.0.0.1:99999", "70000:10.0.0.1:80", "9000:10.0.0.1:0", "9000::80",
+                "-1:10.0.0.1:80"):  # fmt: skip
+        with pytest.raises(ValidationError, match=f"forward '{bad}': ports are 1-65535"):
+            Forward.parse(bad)
     assert Forward.parse("df=0.0.0.0:9000:10.0.0.1:80") == Forward(
         upstream=("10.0.0.1", 80), listen=("0.0.0.0", 9000), name="df"
     )

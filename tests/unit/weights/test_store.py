@@ -435,6 +435,9 @@ def test_cli_ls_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     (tmp_path / "p/v00000001" / DELTA_FILE).write_bytes(b"garbage")
     assert main(["weights", "verify", "--source", str(tmp_path), "p", "--version", "1"]) == 2
     assert "checksum mismatch" in capsys.readouterr().err
+    for action in ("ls", "verify"):  # a path with no store is named, not "no versions"
+        assert main(["weights", action, "--source", str(tmp_path / "nope"), "p"]) != 0
+        assert f"{tmp_path / 'nope'}: no weight store there" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
