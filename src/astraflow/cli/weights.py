@@ -107,7 +107,7 @@ def _ls(args: argparse.Namespace) -> int:
     init_logging(args, "weights")
     options = TransferOptions(token=client_token())
     with WeightClient(args.source, options=options) as client:
-        client.source.check()  # a wrong path or URL is named, not listed as "no versions"
+        client.check()  # a wrong path or URL is named, not listed as "no versions"
         latest = client.latest(args.policy)
         if latest is None:
             print(f"policy {args.policy}: no versions")
@@ -130,7 +130,7 @@ def _verify(args: argparse.Namespace) -> int:
     init_logging(args, "weights")
     options = TransferOptions(token=client_token())
     with WeightClient(args.source, options=options) as client:
-        client.source.check()
+        client.check()
         version = args.version if args.version is not None else client.latest(args.policy)
         tensors = client.load(args.policy, version)
     print(f"policy {args.policy} v{version}: {len(tensors)} tensors verified")

@@ -161,6 +161,11 @@ class WeightClient:
         """The newest published version of ``policy`` (None when there is none)."""
         return self.source.latest(policy)
 
+    def check(self) -> None:
+        """Raise, naming the source, unless it can be read (``TransferError`` for a server
+        that does not answer its health route, ``NotFoundError`` for a missing store)."""
+        self.source.check()
+
     def manifest(self, policy: str, version: int) -> WeightManifest:
         """The verified manifest of a version."""
         ref = manifest_ref(policy, version)

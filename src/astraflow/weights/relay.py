@@ -192,14 +192,17 @@ class WeightRelay:
         """Raise ``RelayError`` naming upstream unless it can be read (its health route, or
         its store root), whatever policies are configured."""
         try:
-            self.client.source.check()
+            self.client.check()
         except (TransferError, NotFoundError) as exc:
-            message = f"relay cannot reach upstream {self.upstream}: {exc}"
-            self.last_error = message
-            raise RelayError(message) from exc
+            raise self._error(f"relay cannot reach upstream {self.upstream}: {exc}") from exc
 
     def _failed(self, policy: str, exc: Exception) -> RelayError:
-        message = f"relay cannot pull policy {policy!r} from upstream {self.upstream}: {exc}"
+        return self._error(
+            f"relay cannot pull policy {policy!r} from upstream {self.upstream}: {exc}"
+        )
+
+    def _error(self, message: str) -> RelayError:
+        """The error to raise, kept as ``last_error`` (cleared by the next good sync)."""
         self.last_error = message
         return RelayError(message)
 

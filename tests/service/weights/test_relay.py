@@ -214,11 +214,15 @@ def test_a_relay_with_no_policy_to_mirror_still_checks_its_upstream(
     region.link.set_down(False)
     wait_for_upstream(region.relay, 5.0)
     region.store.publish("p", 0, _states(1, size=1000)[0]).result()
-    wait_for_upstream(WeightRelay(str(region.upstream_root), tmp_path / "fs", options=FAST), 0.0)
+    on_disk = WeightRelay(str(region.upstream_root), tmp_path / "fs", options=FAST)
     missing = WeightRelay(str(tmp_path / "no-store-here"), tmp_path / "mirror", options=FAST)
-    with pytest.raises(RelayError, match=r"upstream .*no-store-here.*no weight store there"):
-        wait_for_upstream(missing, 0.0)
-    missing.close()
+    try:
+        wait_for_upstream(on_disk, 0.0)
+        with pytest.raises(RelayError, match=r"upstream .*no-store-here.*no weight store there"):
+            wait_for_upstream(missing, 0.0)
+    finally:
+        on_disk.close()
+        missing.close()
 
 
 def test_the_relay_command_exits_naming_an_upstream_it_cannot_read(tmp_path: Path) -> None:
